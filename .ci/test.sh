@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The README's test command (after .ci/setup.sh): lint, then the whole suite on real processes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/ruff check leaktrace tests bench
+exec .venv/bin/python -m pytest -ra -p no:cacheprovider "$@"

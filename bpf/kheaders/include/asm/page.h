@@ -1,0 +1,1 @@
+#define PAGE_SIZE 4096

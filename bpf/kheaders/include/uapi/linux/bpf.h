@@ -1,0 +1,1 @@
+/* Stub: BCC ships its own complete copy of this header (compat/linux/virtual_bpf.h). */

@@ -1,0 +1,1 @@
+/* Stub: helpers.h includes it for socket programs only. */

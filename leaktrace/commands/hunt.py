@@ -1,0 +1,88 @@
+"""`leaktrace hunt`: run the probes over live process trees and write a session + report."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from leaktrace.errors import UsageError
+from leaktrace.probes import HuntOptions
+
+
+def default_out() -> str:
+    return time.strftime("leaktrace-%Y%m%d-%H%M%S")
+
+
+def make_logger(quiet: bool):
+    def log(msg: str) -> None:
+        if not quiet:
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {msg}", err=True)
+    return log
+
+
+@click.command("hunt")
+@click.option("--pid", "pids", type=int, multiple=True, help="Root of a process tree to hunt (repeatable).")
+@click.option("--vllm", is_flag=True, help="Hunt every vLLM server on this host (API server, EngineCore, workers).")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds to hunt.")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between watcher ticks.")
+@click.option("--smaps-every", type=int, default=10, show_default=True, help="Full smaps diff every N ticks.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Session directory to write (default: ./leaktrace-DATE-TIME).")
+@click.option("--gdb-samples", type=int, default=None,
+              help="gdb stack samples per process (0 disables; default: a few, only when growth is seen).")
+@click.option("--metrics", "metrics_urls", multiple=True, help="vLLM /metrics URL to scrape (repeatable).")
+@click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
+@click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
+@click.option("--pyheap", is_flag=True, help="Query the Python heap (GC) state of Python targets (opt-in).")
+@click.option("--prometheus-port", type=int, default=None, help="Expose leaktrace's figures on 127.0.0.1:PORT.")
+@click.option("--live/--no-live", default=None, help="Live terminal view (default: when stderr is a TTY).")
+@click.option("--format", "formats", default="json,md,html", show_default=True, help="Report formats.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, smaps_every: int, out: str | None,
+         gdb_samples: int | None, metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool,
+         prometheus_port: int | None, live: bool | None, formats: str, quiet: bool) -> None:
+    """Hunt a native-memory leak in live process trees.
+
+    Every --pid names the root of a tree: children (and children born during the hunt) are hunted too.
+    The hunt stops at --duration, on Ctrl-C or SIGTERM, or when every target exited, and always writes
+    the session and OUT/report.json (plus report.md, report.html). Exit status 0 whatever the verdict.
+
+    \b
+    Examples:
+      leaktrace hunt --pid 4242 --duration 120 --out hunt1
+      leaktrace hunt --vllm --duration 300 --metrics http://127.0.0.1:8000/metrics
+    """
+    from leaktrace.hunt import run_hunt
+    from leaktrace.report import render_session
+
+    if not pids and not vllm:
+        raise UsageError("nothing to hunt: give --pid PID (repeatable) or --vllm")
+    if duration <= 0 or interval <= 0:
+        raise UsageError("--duration and --interval must be positive")
+    options = HuntOptions(duration=duration, interval=interval, smaps_every=max(1, smaps_every),
+                          bpf=not no_bpf, gdb=not no_gdb, gdb_samples=gdb_samples, vllm=vllm,
+                          metrics_urls=list(metrics_urls), pyheap=pyheap, prometheus_port=prometheus_port,
+                          live=live)
+    roots = list(pids)
+    if vllm:
+        from leaktrace.discover import vllm_targets
+
+        found = vllm_targets()
+        if not found and not roots:
+            raise UsageError("--vllm: no vLLM server found on this host (see `leaktrace ps`)")
+        roots += [p for p in found if p not in roots]
+    out = out or default_out()
+    log = make_logger(quiet)
+    result = run_hunt(roots, options, out, log=log, write_reports=False)
+    report = render_session(Path(out), formats=[f.strip() for f in formats.split(",") if f.strip()])
+    if result.warnings:
+        click.echo(f"{len(result.warnings)} warning(s); see {Path(out) / 'meta.json'}", err=True)
+    top = report["culprits"][0] if report["culprits"] else None
+    click.echo(f"verdict: {report['verdict']}" + (
+        f" — top culprit: {top['kind']} {top.get('library') or ''} pid {top['pid']} "
+        f"{top['mb_per_min']:.2f} MB/min" if top else ""))
+    click.echo(f"report: {Path(out) / 'report.json'}")
+    sys.stdout.flush()

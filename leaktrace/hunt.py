@@ -1,0 +1,196 @@
+"""The conductor: starts every probe over one target set, ticks them, stops them cleanly (deadline,
+Ctrl-C, SIGTERM, every target gone), closes the session, then runs analysis and the reporters."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from leaktrace import procfs
+from leaktrace.errors import LeaktraceError, NoSuchProcess
+from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
+from leaktrace.probes.watcher import WatcherProbe
+from leaktrace.session import SessionWriter
+
+# Optional probes: (name, "module:Class", enabled(options)). Each class is built as Class(options).
+# A probe whose module is absent or that raises a LeaktraceError on start is skipped with a warning,
+# unless it sets ``required = True`` (then the hunt stops with that error, the session kept).
+OPTIONAL_PROBES: list[tuple[str, str, Callable[[HuntOptions], bool]]] = [
+    ("vllm", "leaktrace.probes.vllm:VllmProbe", lambda o: o.vllm),
+    ("bpf", "leaktrace.probes.bpf:BpfProbe", lambda o: o.bpf),
+    ("gdb", "leaktrace.probes.gdb:GdbProbe", lambda o: o.gdb and o.gdb_samples != 0),
+    ("metrics", "leaktrace.probes.metrics:MetricsProbe", lambda o: bool(o.metrics_urls) or o.vllm),
+    ("pyheap", "leaktrace.probes.pyheap:PyHeapProbe", lambda o: o.pyheap),
+    ("exporter", "leaktrace.probes.exporter:PrometheusExporter", lambda o: o.prometheus_port is not None),
+]
+
+
+@dataclass
+class HuntResult:
+    out: Path
+    stop_reason: str
+    duration_s: float
+    report: dict[str, Any] | None
+    warnings: list[str]
+
+
+def build_probes(options: HuntOptions, log: Callable[[str], None]) -> list[Any]:
+    probes: list[Any] = [WatcherProbe(options)]
+    for name, spec, enabled in OPTIONAL_PROBES:
+        if not enabled(options):
+            continue
+        mod_name, cls_name = spec.split(":")
+        try:
+            cls = getattr(importlib.import_module(mod_name), cls_name)
+        except (ImportError, AttributeError) as e:
+            log(f"warning: probe {name} unavailable in this build ({e})")
+            continue
+        probes.append(cls(options))
+    return probes
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; the first signal stops cleanly, a second one during shutdown is ignored
+    so the report is still written."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            self._old[sig] = signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if not self.event.is_set():
+            self.reason = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGTERM: "SIGTERM",
+                           signal.SIGHUP: "SIGHUP"}.get(signum, f"signal {signum}")
+        self.event.set()
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
+             log: Callable[[str], None] = lambda s: None, meta: dict[str, Any] | None = None,
+             stop: threading.Event | None = None, write_reports: bool = True,
+             on_tick: Callable[[HuntContext, float], None] | None = None) -> HuntResult:
+    pids = list(dict.fromkeys(pids))
+    for pid in pids:
+        procfs.require_pid(pid)
+    session = SessionWriter(out, meta={
+        "target": {"pids": pids},
+        "options": {k: v for k, v in asdict(options).items() if k != "extra"},
+        "argv": procfs.redact_cmdline(sys.argv),
+        **(meta or {}),
+    })
+    targets = TargetSet(roots=pids)
+    ctx = HuntContext(session=session, targets=targets, options=options, log=log)
+    flag = _StopFlag()
+    flag.install()
+    if stop is not None:
+        # An external stop (the demo, a Ray task) joins the signal flag.
+        threading.Thread(target=lambda: (stop.wait(), flag.event.set()), daemon=True).start()
+    if options.bpf:
+        from leaktrace.tracefs import ensure_mounted
+
+        _root, done = ensure_mounted()
+        if done:
+            log(done)
+    probes = build_probes(options, log)
+    started: list[Probe] = []
+    stop_reason = "deadline"
+    fatal: LeaktraceError | None = None
+    try:
+        for p in probes:
+            try:
+                p.start(ctx)
+                started.append(p)
+            except LeaktraceError as e:
+                if getattr(p, "required", False):
+                    fatal = e
+                    stop_reason = f"probe {p.name} failed: {e}"
+                    break
+                ctx.warn(f"{p.name} probe off: {e}")
+        attach_s = session.now()
+        session.update_meta(attach_s=attach_s, probes=[p.name for p in started])
+        log(f"attached {len(started)} probe(s) to {len(targets.live())} process(es) in {attach_s:.2f}s: "
+            + ", ".join(p.name for p in started))
+        if not targets.live() and fatal is None:
+            fatal = NoSuchProcess(pids[0], f"target pid(s) {pids} exited before the hunt started")
+        t_end = attach_s + options.duration
+        next_tick = session.now()
+        while fatal is None:
+            now = session.now()
+            for p in started:
+                try:
+                    p.tick(now)
+                except LeaktraceError as e:
+                    ctx.warn(f"{p.name}: {e}")
+            if on_tick is not None:
+                on_tick(ctx, now)
+            if flag.event.is_set():
+                stop_reason = flag.reason or "stopped"
+                break
+            if not targets.live():
+                stop_reason = "all targets exited"
+                break
+            if now >= t_end:
+                stop_reason = "deadline"
+                break
+            next_tick += options.interval
+            if flag.event.wait(max(0.0, min(next_tick, t_end) - session.now())):
+                stop_reason = flag.reason or "stopped"
+                # one last tick so the final state is recorded
+                for p in started:
+                    try:
+                        p.tick(session.now())
+                    except LeaktraceError:
+                        pass
+                break
+    finally:
+        for p in reversed(started):
+            try:
+                p.stop()
+            except Exception as e:  # noqa: BLE001 - stopping must reach every probe
+                ctx.warn(f"{p.name} stop: {e}")
+        summaries = {}
+        for p in started:
+            try:
+                summaries[p.name] = p.summary()
+            except Exception:  # noqa: BLE001
+                summaries[p.name] = {}
+        duration = session.now() - (session.meta.get("attach_s") or 0.0)
+        session.close(stop_reason=stop_reason, duration_s=duration, warnings=ctx.warnings,
+                      exited={str(k): v for k, v in targets.exited.items()}, probe_summaries=summaries,
+                      labels={str(k): v for k, v in targets.labels.items()})
+        flag.restore()
+        if session.write_error is not None:
+            ctx.warn(f"session write failed: {session.write_error}")
+    if fatal is not None:
+        raise fatal
+    log(f"hunt stopped: {stop_reason} after {duration:.1f}s")
+    report = None
+    if write_reports:
+        from leaktrace.report import render_session
+
+        report = render_session(Path(out))
+    return HuntResult(Path(out), stop_reason, duration, report, ctx.warnings)
+
+
+def wait_interruptible(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(0.2, end - time.monotonic()))

@@ -1,0 +1,77 @@
+"""Probes: each collects rows into the session and renders nothing.
+
+A probe implements :class:`Probe`. ``hunt`` starts every probe over one :class:`HuntContext`, calls
+``tick`` from its main loop once per interval, and ``stop`` exactly once (also on Ctrl-C and errors).
+Probes with their own threads (bpf polling, gdb sampling) must stop them in ``stop``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from leaktrace.session import SessionWriter
+
+
+@dataclass
+class TargetSet:
+    """The live process set being hunted. Roots are what the user named; the watcher adds descendants
+    each tick (the bpf probe may add them sooner, from the kernel)."""
+
+    roots: list[int]
+    pids: dict[int, int] = field(default_factory=dict)  # pid -> ppid, live ones
+    exited: dict[int, float] = field(default_factory=dict)  # pid -> t of exit
+    labels: dict[int, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def live(self) -> list[int]:
+        with self.lock:
+            return sorted(self.pids)
+
+    def all_seen(self) -> list[int]:
+        with self.lock:
+            return sorted(set(self.pids) | set(self.exited))
+
+
+@dataclass
+class HuntOptions:
+    duration: float = 60.0
+    interval: float = 1.0
+    smaps_every: int = 10  # full smaps every N ticks
+    bpf: bool = True
+    gdb: bool = True
+    gdb_samples: int | None = None  # None: default policy; 0: disabled
+    vllm: bool = False
+    metrics_urls: list[str] = field(default_factory=list)
+    pyheap: bool = False
+    prometheus_port: int | None = None
+    live: bool | None = None  # None: when stdout is a TTY
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HuntContext:
+    session: SessionWriter
+    targets: TargetSet
+    options: HuntOptions
+    log: Any  # callable(str) -> None, progress/log lines for the user
+    warnings: list[str] = field(default_factory=list)
+    # Probes publish small live figures here (for the live view / exporter), keyed by probe name.
+    live: dict[str, Any] = field(default_factory=dict)
+
+    def warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        self.log(f"warning: {msg}")
+
+
+class Probe(Protocol):
+    name: str
+
+    def start(self, ctx: HuntContext) -> None: ...
+
+    def tick(self, now: float) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def summary(self) -> dict[str, Any]: ...

@@ -1,0 +1,29 @@
+"""report.json: the machine-readable contract (../shared/DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _clean(o: Any) -> Any:
+    if isinstance(o, float):
+        return None if math.isnan(o) or math.isinf(o) else o
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if hasattr(o, "item"):  # numpy scalars
+        return _clean(o.item())
+    return o
+
+
+def write(report: dict[str, Any], out_dir: Path) -> Path:
+    path = Path(out_dir) / "report.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_clean(report), indent=2, default=str))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,421 @@
+"""Effective UCX state of a live process, read without stopping it.
+
+Three questions decide whether a process can show the seed-002 leak (UCX memory hooks queueing an
+invalidation entry per munmap in the registration cache, storage never returned):
+
+* **Are UCX memory hooks active?** In "bistro" mode UCX patches the first bytes of libc's ``mmap``,
+  ``munmap``, ``mremap``, ``madvise``, ``brk`` with a jump into ``libucm``. We read those bytes from
+  ``/proc/PID/mem`` (no ptrace stop: reading another process's memory as root, or as its tracer-capable
+  owner, does not pause it) and decode the jump target.
+* **Which hook mode does UCM run with?** ``ucm_global_opts`` is an exported data symbol of libucm holding the
+  parsed ``UCX_MEM_MMAP_HOOK_MODE``: the effective value, whatever the environment said.
+* **Which ``UCX_RCACHE_MAX_UNRELEASED`` / ``UCX_RCACHE_ENABLE``?** These are parsed into each UCP context;
+  there is no exported global. vLLM (``nixl_utils.py``) and NIXL set them in-process with ``os.environ``,
+  which calls ``putenv`` and so updates libc's ``environ`` array, while ``/proc/PID/environ`` still shows
+  the launch environment (and is all NUL after setproctitle). So we read the live environment from
+  libc's ``__environ`` in process memory, falling back to ``/proc/PID/environ``, then to UCX's defaults.
+
+Every value carries where it came from (``sources``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from leaktrace import procfs
+from leaktrace.errors import AccessDenied, ProcessGone
+
+UCX_LIB_RE = re.compile(r"(^|/)libuc[pmst](-[0-9a-f]{8})?\.so")
+UCM_LIB_RE = re.compile(r"(^|/)libucm(-[0-9a-f]{8})?\.so")
+UCP_LIB_RE = re.compile(r"(^|/)libucp(-[0-9a-f]{8})?\.so")
+LIBC_RE = re.compile(r"(^|/)libc(\.so\.6|-[0-9.]+\.so)$")
+
+HOOKED_FUNCTIONS = ("mmap", "munmap", "mremap", "madvise", "brk")
+HOOK_MODES = {0: "none", 1: "reloc", 2: "bistro"}
+UCX_DEFAULTS = {"UCX_MEM_MMAP_HOOK_MODE": "bistro", "UCX_RCACHE_MAX_UNRELEASED": "inf",
+                "UCX_RCACHE_ENABLE": "try"}
+# UCX 1.21 made the invalidation queue an interval tree (#11248): overlapping munmaps then merge, but
+# disjoint ones still cost one entry each until the queue is drained (measured with UCX 1.23).
+
+SRC_UCM = "ucm_global_opts in libucm memory (parsed, effective)"
+SRC_LIVE_ENV = "live environ (libc __environ in process memory)"
+SRC_LAUNCH_ENV = "launch environ (/proc/PID/environ)"
+SRC_DEFAULT = "UCX default (not set)"
+
+
+# ----------------------------------------------------------------------------- ELF symbols
+
+@dataclass(frozen=True)
+class ElfInfo:
+    symbols: dict[str, tuple[int, int]]  # name -> (st_value, st_size), defined dynamic symbols
+    first_load_vaddr: int  # p_vaddr of the first PT_LOAD, page-aligned down
+
+
+@lru_cache(maxsize=64)
+def _elf_info_cached(path: str, mtime_ns: int, size: int) -> ElfInfo:
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse_elf_dynsym(data)
+
+
+def elf_info(path: str) -> ElfInfo:
+    st = os.stat(path)
+    return _elf_info_cached(path, st.st_mtime_ns, st.st_size)
+
+
+def parse_elf_dynsym(data: bytes) -> ElfInfo:
+    """The defined symbols of an ELF64 little-endian shared object's ``.dynsym`` (no pyelftools needed)."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError("not an ELF64 little-endian file")
+    (e_phoff, e_shoff) = struct.unpack_from("<QQ", data, 0x20)
+    (e_phentsize, e_phnum, e_shentsize, e_shnum) = struct.unpack_from("<HHHH", data, 0x36)
+    first_load = None
+    for i in range(e_phnum):
+        p_type, _flags, _p_offset, p_vaddr = struct.unpack_from("<IIQQ", data, e_phoff + i * e_phentsize)
+        if p_type == 1:  # PT_LOAD
+            first_load = p_vaddr & ~0xFFF
+            break
+    sections = []
+    for i in range(e_shnum):
+        (sh_name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize) = \
+            struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize)
+        sections.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize))
+    symbols: dict[str, tuple[int, int]] = {}
+    for sh_type, off, size, link, entsize in sections:
+        if sh_type != 11:  # SHT_DYNSYM
+            continue
+        str_off = sections[link][1]
+        for j in range(size // (entsize or 24)):
+            st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
+                "<IBBHQQ", data, off + j * (entsize or 24))
+            if st_shndx == 0 or st_value == 0:
+                continue  # undefined (imported) symbol
+            end = data.index(b"\0", str_off + st_name)
+            name = data[str_off + st_name:end].decode("ascii", "replace")
+            symbols.setdefault(name, (st_value, st_size))
+    return ElfInfo(symbols, first_load or 0)
+
+
+# ----------------------------------------------------------------------------- process memory
+
+class ProcMem:
+    """Reads another process's memory through /proc/PID/mem (pread; the target keeps running)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self.fd = os.open(f"{procfs.PROC}/{pid}/mem", os.O_RDONLY)
+        except FileNotFoundError as e:
+            raise ProcessGone(pid, "mem") from e
+        except PermissionError as e:
+            raise AccessDenied(pid, f"/proc/{pid}/mem") from e
+
+    def read(self, addr: int, size: int) -> bytes | None:
+        try:
+            return os.pread(self.fd, size, addr)
+        except OSError:
+            return None  # unmapped, or the process went away between two reads
+
+    def read_ptr(self, addr: int) -> int | None:
+        b = self.read(addr, 8)
+        return struct.unpack("<Q", b)[0] if b and len(b) == 8 else None
+
+    def read_cstr(self, addr: int, limit: int = 8192) -> bytes | None:
+        out = b""
+        while len(out) < limit:
+            chunk = self.read(addr + len(out), 256)
+            if not chunk:
+                return out or None
+            i = chunk.find(b"\0")
+            if i >= 0:
+                return out + chunk[:i]
+            out += chunk
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> ProcMem:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_bias(maps: list[procfs.Mapping], path: str) -> int | None:
+    """Where ``path`` is loaded: start of its offset-0 mapping minus its first PT_LOAD vaddr."""
+    for m in maps:
+        if m.path == path and m.offset == 0:
+            try:
+                return m.start - elf_info(path).first_load_vaddr
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def _lib_path(maps: list[procfs.Mapping], regex: re.Pattern[str]) -> str | None:
+    for m in maps:
+        if m.path and regex.search(m.path) and os.path.exists(m.path):
+            return m.path
+    return None
+
+
+def _mapping_at(maps: list[procfs.Mapping], addr: int) -> procfs.Mapping | None:
+    for m in maps:
+        if m.start <= addr < m.end:
+            return m
+    return None
+
+
+def decode_jump(code: bytes, at: int) -> int | None:
+    """Target of a patch at a function entry: ``jmp rel32``, ``movabs r11/rax; jmp *reg``, or
+    ``jmp *[rip+d]`` (the target pointer is returned as a negative address to read, see caller)."""
+    if len(code) >= 5 and code[0] == 0xE9:
+        return (at + 5 + struct.unpack_from("<i", code, 1)[0]) & 0xFFFFFFFFFFFFFFFF
+    if len(code) >= 13 and code[0] == 0x49 and code[1] == 0xBB and code[10:13] == b"\x41\xff\xe3":
+        return struct.unpack_from("<Q", code, 2)[0]  # movabs $addr,%r11; jmp *%r11 (bistro far jump)
+    if len(code) >= 12 and code[0] == 0x48 and code[1] == 0xB8 and code[10:12] == b"\xff\xe0":
+        return struct.unpack_from("<Q", code, 2)[0]  # movabs $addr,%rax; jmp *%rax
+    return None
+
+
+# ----------------------------------------------------------------------------- live environ
+
+def read_live_environ(pid: int, maps: list[procfs.Mapping] | None = None, mem: ProcMem | None = None,
+                      max_entries: int = 20000) -> dict[str, str] | None:
+    """The environment a process sees *now* (libc's ``__environ`` array), unredacted — callers keep only
+    the keys they need. None when libc is not mapped (static binary) or the memory cannot be read."""
+    maps = maps if maps is not None else procfs.read_maps(pid)
+    libc = _lib_path(maps, LIBC_RE)
+    if not libc:
+        return None
+    bias = load_bias(maps, libc)
+    sym = elf_info(libc).symbols.get("__environ") or elf_info(libc).symbols.get("environ")
+    if bias is None or not sym:
+        return None
+    own = mem is None
+    mem = mem or ProcMem(pid)
+    try:
+        arr = mem.read_ptr(bias + sym[0])
+        if not arr:
+            return None
+        env: dict[str, str] = {}
+        raw = mem.read(arr, 8 * 512) or b""
+        i = 0
+        while i < max_entries:
+            if (i + 1) * 8 > len(raw):
+                more = mem.read(arr + len(raw), 8 * 512)
+                if not more:
+                    break
+                raw += more
+            (ptr,) = struct.unpack_from("<Q", raw, i * 8)
+            if ptr == 0:
+                break
+            s = mem.read_cstr(ptr)
+            if s and b"=" in s:
+                k, _, v = s.partition(b"=")
+                env.setdefault(k.decode("utf-8", "replace"), v.decode("utf-8", "replace"))
+            i += 1
+        return env
+    finally:
+        if own:
+            mem.close()
+
+
+# ----------------------------------------------------------------------------- the state
+
+@dataclass
+class UcxConfig:
+    pid: int
+    ucx_libs: list[str] = field(default_factory=list)  # file names as mapped (hashed ones included)
+    ucx_version: str | None = None
+    hooks_active: bool | None = None  # None: UCX not mapped or libc unreadable
+    hooked_functions: dict[str, str] = field(default_factory=dict)  # libc function -> "lib!symbol"
+    hook_mode: str | None = None
+    rcache_max_unreleased: str | None = None
+    rcache_enable: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # UCX_* key -> where its value came from
+    launch_values: dict[str, str] = field(default_factory=dict)  # what /proc/PID/environ said, if differing
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ucx_loaded(self) -> bool:
+        return bool(self.ucx_libs)
+
+    @property
+    def leak_prone(self) -> bool:
+        """Hooks on, cache on and an unbounded invalidation queue: each munmap may cost ~150 B for good."""
+        if not self.hooks_active:
+            return False
+        if (self.rcache_enable or "try").lower() in ("n", "no", "0", "off", "false"):
+            return False
+        return (self.rcache_max_unreleased or "inf").lower() in ("inf", "infinity", "auto")
+
+    def remedy(self) -> str:
+        shown = (f"effective UCX_MEM_MMAP_HOOK_MODE={self.hook_mode}, "
+                 f"UCX_RCACHE_MAX_UNRELEASED={self.rcache_max_unreleased}, UCX_RCACHE_ENABLE={self.rcache_enable}")
+        return (f"{shown}: start the process with UCX_RCACHE_MAX_UNRELEASED=1024 (bounds the invalidation "
+                "queue; vLLM >= 0.33 sets it unless already set) or UCX_MEM_MMAP_HOOK_MODE=none "
+                "(no memory hooks; fine when one large KV region is registered up front)")
+
+    def as_row(self, t: float | None = None) -> dict[str, Any]:
+        """Flat row for the session's ``ucx_state`` table."""
+        row: dict[str, Any] = {
+            "pid": self.pid,
+            "ucx_loaded": self.ucx_loaded,
+            "ucx_version": self.ucx_version,
+            "hooks_active": self.hooks_active,
+            "hooked_functions": ",".join(f"{k}->{v}" for k, v in sorted(self.hooked_functions.items())),
+            "hook_mode": self.hook_mode,
+            "rcache_max_unreleased": self.rcache_max_unreleased,
+            "rcache_enable": self.rcache_enable,
+            "hook_mode_source": self.sources.get("UCX_MEM_MMAP_HOOK_MODE"),
+            "rcache_max_unreleased_source": self.sources.get("UCX_RCACHE_MAX_UNRELEASED"),
+            "rcache_enable_source": self.sources.get("UCX_RCACHE_ENABLE"),
+            "ucx_libs": ",".join(self.ucx_libs),
+            "leak_prone": self.leak_prone,
+            "remedy": self.remedy() if self.leak_prone else "",
+            "errors": "; ".join(self.errors),
+        }
+        if t is not None:
+            row["t"] = t
+        return row
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["leak_prone"] = self.leak_prone
+        return d
+
+
+def _version_near(path: str) -> str | None:
+    """UCX version of a mapped libucp: the wheel's dist-info beside it, else the version string inside."""
+    p = Path(path)
+    for parent in list(p.parents)[:4]:
+        for di in parent.glob("libucx*-*.dist-info"):
+            m = re.match(r"libucx[\w]*-([\d.]+)\.dist-info", di.name)
+            if m:
+                return m.group(1)
+    try:
+        data = p.read_bytes()
+    except OSError:
+        return None
+    # libucp keeps its "MAJOR.MINOR.PATCH" string in .rodata (used by ucp_get_version_string).
+    m = re.search(rb"[^0-9.](1\.[1-9][0-9]\.[0-9]{1,2})\x00", data)
+    return m.group(1).decode() if m else None
+
+
+def read_ucx_config(pid: int, ancestor_env: dict[str, str] | None = None,
+                    ancestor_pid: int | None = None) -> UcxConfig:
+    """Effective UCX state of ``pid``. ``ancestor_env`` (with ``ancestor_pid``) is the launch environment of
+    an untitled ancestor, used when this process's own environment cannot be read at all."""
+    cfg = UcxConfig(pid=pid)
+    maps = procfs.read_maps(pid)
+    libs = []
+    for m in maps:
+        name = os.path.basename(m.path) if m.path else ""
+        if name and UCX_LIB_RE.search(name) and name not in libs:
+            libs.append(name)
+    cfg.ucx_libs = libs
+    ucp = _lib_path(maps, UCP_LIB_RE)
+    if ucp:
+        cfg.ucx_version = _version_near(ucp)
+
+    try:
+        mem = ProcMem(pid)
+    except AccessDenied as e:
+        cfg.errors.append(str(e))
+        mem = None
+    try:
+        live_env = None
+        if mem is not None:
+            live_env = read_live_environ(pid, maps, mem)
+            if live_env is None:
+                cfg.errors.append("libc environ not readable (static binary?)")
+            if ucp:
+                _read_hooks(cfg, maps, mem)
+        try:
+            launch_env = procfs.read_environ(pid, redact=False)
+        except AccessDenied:
+            launch_env = {}
+
+        for key, attr in (("UCX_MEM_MMAP_HOOK_MODE", "hook_mode"),
+                          ("UCX_RCACHE_MAX_UNRELEASED", "rcache_max_unreleased"),
+                          ("UCX_RCACHE_ENABLE", "rcache_enable")):
+            if getattr(cfg, attr) is not None:
+                continue  # already read from UCX's own parsed state
+            if live_env is not None and key in live_env:
+                val, src = live_env[key], SRC_LIVE_ENV
+            elif live_env is None and key in launch_env:
+                val, src = launch_env[key], SRC_LAUNCH_ENV
+            elif live_env is None and not launch_env and ancestor_env and key in ancestor_env:
+                val, src = ancestor_env[key], f"launch environ of untitled ancestor {ancestor_pid}"
+            else:
+                val, src = UCX_DEFAULTS[key], SRC_DEFAULT
+            setattr(cfg, attr, val)
+            cfg.sources[key] = src
+            if key in launch_env and launch_env[key] != val:
+                cfg.launch_values[key] = launch_env[key]
+        if cfg.hook_mode and "UCX_MEM_MMAP_HOOK_MODE" in launch_env \
+                and launch_env["UCX_MEM_MMAP_HOOK_MODE"] != cfg.hook_mode:
+            cfg.launch_values["UCX_MEM_MMAP_HOOK_MODE"] = launch_env["UCX_MEM_MMAP_HOOK_MODE"]
+    finally:
+        if mem is not None:
+            mem.close()
+    return cfg
+
+
+def _read_hooks(cfg: UcxConfig, maps: list[procfs.Mapping], mem: ProcMem) -> None:
+    libc = _lib_path(maps, LIBC_RE)
+    ucm = _lib_path(maps, UCM_LIB_RE)
+    if ucm:
+        bias = load_bias(maps, ucm)
+        try:
+            sym = elf_info(ucm).symbols.get("ucm_global_opts")
+        except (OSError, ValueError):
+            sym = None
+        if bias is not None and sym:
+            # ucm_global_config_t starts {log_level, enable_events, mmap_hook_mode, ...}: three ints.
+            raw = mem.read(bias + sym[0], 12)
+            if raw and len(raw) == 12:
+                _log, _events, mode = struct.unpack("<iii", raw)
+                cfg.hook_mode = HOOK_MODES.get(mode, f"unknown({mode})")
+                cfg.sources["UCX_MEM_MMAP_HOOK_MODE"] = SRC_UCM
+    if not libc:
+        return
+    bias = load_bias(maps, libc)
+    if bias is None:
+        return
+    syms = elf_info(libc).symbols
+    ucm_syms: dict[int, str] = {}
+    if ucm:
+        ucm_bias = load_bias(maps, ucm)
+        if ucm_bias is not None:
+            ucm_syms = {ucm_bias + v: n for n, (v, _s) in elf_info(ucm).symbols.items()}
+    patched: dict[str, str] = {}
+    readable = False
+    for fn in HOOKED_FUNCTIONS:
+        sym = syms.get(fn) or syms.get("__" + fn)
+        if not sym:
+            continue
+        at = bias + sym[0]
+        code = mem.read(at, 16)
+        if not code:
+            continue
+        readable = True
+        target = decode_jump(code, at)
+        if target is None:
+            continue
+        tm = _mapping_at(maps, target)
+        if tm is None or tm.path == libc:
+            continue  # a jump inside libc is libc's own code, not a patch
+        lib = os.path.basename(tm.path) if tm.path else "anon"
+        patched[fn] = f"{lib}!{ucm_syms.get(target, hex(target))}"
+    cfg.hooked_functions = patched
+    if readable:
+        cfg.hooks_active = any(UCM_LIB_RE.search(v.split("!")[0]) for v in patched.values())
