@@ -48,7 +48,7 @@ class AccessDenied(LeaktraceError):
     default_remedy = "run as root (sudo) or with CAP_SYS_PTRACE"
 
     def __init__(self, pid: int | None, what: str, remedy: str | None = None) -> None:
-        msg = f"permission denied reading {what}" + (f" of pid {pid}" if pid is not None else "")
+        msg = f"permission denied reading {what}" + (f" of pid {pid}" if pid is not None and str(pid) not in what else "")
         super().__init__(msg, remedy)
         self.pid = pid
 
@@ -89,6 +89,12 @@ class TargetError(LeaktraceError):
     """A target could not be prepared (e.g. the demo workload failed to build)."""
 
     exit_code = 11
+
+
+class TargetBusy(LeaktraceError):
+    """Another leaktrace is hunting this process (see leaktrace.targetlock)."""
+
+    exit_code = 12
 
 
 class Interrupted(LeaktraceError):

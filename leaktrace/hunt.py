@@ -126,8 +126,9 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
                 ctx.warn(f"{p.name} probe off: {e}")
         attach_s = session.now()
         session.update_meta(attach_s=attach_s, probes=[p.name for p in started])
-        log(f"attached {len(started)} probe(s) to {len(targets.live())} process(es) in {attach_s:.2f}s: "
-            + ", ".join(p.name for p in started))
+        if fatal is None:
+            log(f"attached {len(started)} probe(s) to {len(targets.live())} process(es) in {attach_s:.2f}s: "
+                + ", ".join(p.name for p in started))
         if not targets.live() and fatal is None:
             fatal = NoSuchProcess(pids[0], f"target pid(s) {pids} exited before the hunt started")
         t_end = attach_s + options.duration

@@ -22,6 +22,8 @@ def is_shm(path: str) -> bool:
         or path.startswith("/memfd:")
         or path.startswith("memfd:")
         or path.startswith("/run/shm/")
+        # MAP_SHARED|MAP_ANONYMOUS memory shows as the deleted /dev/zero it is backed by.
+        or path.startswith("/dev/zero")
     )
 
 
@@ -34,10 +36,10 @@ def classify(path: str, perms: str, start: int = 0, end: int = 0, arena_starts: 
         return "stack"
     if path in _SPECIAL:
         return "special"
-    if path.startswith(_DRIVER_PREFIXES):
-        return "driver"
     if is_shm(path):
         return "shm"
+    if path.startswith(_DRIVER_PREFIXES):
+        return "driver"
     if path == "" or path.startswith("[anon"):
         if arena_starts and _arena_base(start) in arena_starts:
             return "arena"

@@ -294,7 +294,11 @@ def read_maps(pid: int) -> list[Mapping]:
 
 
 def read_smaps(pid: int) -> list[Mapping]:
-    return parse_smaps(read_proc_text(pid, "smaps"))
+    text = read_proc_text(pid, "smaps")
+    if not text:
+        # Only a process without an address space (zombie, kernel thread) has an empty smaps.
+        raise ProcessGone(pid, "smaps")
+    return parse_smaps(text)
 
 
 def read_smaps_rollup(pid: int) -> dict[str, int]:

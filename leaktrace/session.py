@@ -7,8 +7,15 @@ Layout::
     DIR/report.json, report.md, ...        written by reporters
 
 Each flush writes whole Parquet files and renames them into place, so a writer killed with SIGKILL
-leaves every earlier part readable (at most the last <1 s of rows is lost). ``close()`` compacts each
-table's parts into one file.
+leaves every earlier part readable (at most the last <1 s of rows is lost).
+
+Compaction keeps long hunts at a bounded number of files: older parts are merged into a range file
+``part-AAAAAA-BBBBBB.parquet`` (holding parts A..B), written under a hidden name and renamed into place
+before the parts it replaces are unlinked. A SIGKILL at any point leaves either the parts or the range
+file plus leftovers of the parts; the reader skips parts covered by a readable range file, so no row
+is read twice or lost. The flush thread compacts every ``COMPACT_FANOUT`` parts (then every
+``COMPACT_FANOUT`` range files of one level, up to ``COMPACT_MAX_BYTES``); ``close()`` merges each
+table into one file.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import socket
 import threading
 import time
@@ -102,6 +110,8 @@ class SessionWriter:
         self._buffers: dict[str, list[dict[str, Any]]] = {}
         self._seq: dict[str, int] = {}
         self._rows_written: dict[str, int] = {}
+        self._parts_since_compact: dict[str, int] = {}
+        self._io_lock = threading.RLock()  # one writer of part files at a time (flush thread, close)
         self.write_error: OSError | None = None
         now = time.time()
         self.meta: dict[str, Any] = {
@@ -144,13 +154,18 @@ class SessionWriter:
             self._buffers.setdefault(table, []).extend(rows)
 
     def flush(self) -> None:
-        with self._lock:
-            buffers, self._buffers = self._buffers, {}
-        for table, rows in buffers.items():
-            try:
-                self._write_part(table, rows)
-            except OSError as e:  # disk full: keep what is on disk readable, report once
-                self.write_error = e
+        with self._io_lock:
+            with self._lock:
+                buffers, self._buffers = self._buffers, {}
+            for table, rows in buffers.items():
+                try:
+                    self._write_part(table, rows)
+                except OSError as e:  # disk full: keep what is on disk readable, report once
+                    self.write_error = e
+            for table, n in list(self._parts_since_compact.items()):
+                if n >= COMPACT_FANOUT:
+                    self._parts_since_compact[table] = 0
+                    self._compact(table, final=False)
 
     def _write_part(self, table: str, rows: list[dict[str, Any]]) -> None:
         d = self.path / TABLES / table
@@ -164,9 +179,22 @@ class SessionWriter:
         self._seq[table] = seq + 1
         final = d / f"part-{seq:06d}.parquet"
         tmp = d / f".part-{seq:06d}.tmp"
-        pq.write_table(tbl, tmp)
+        try:
+            pq.write_table(tbl, tmp)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a half-written part would only waste the space left
+            raise
         os.replace(tmp, final)
         self._rows_written[table] = self._rows_written.get(table, 0) + len(rows)
+        self._parts_since_compact[table] = self._parts_since_compact.get(table, 0) + 1
+
+    def _compact(self, table: str, final: bool) -> None:
+        try:
+            compact_table(self.path, table, final=final)
+        except OSError as e:  # no space for the merged file: the parts stay as they are
+            self.write_error = e
+        except Exception:  # noqa: BLE001 - compaction is an optimisation; parts stay readable
+            pass
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._flush_interval):
@@ -177,28 +205,103 @@ class SessionWriter:
         self._thread.join(timeout=5)
         self.flush()
         if compact:
-            for table in list(self._seq):
-                try:
-                    compact_table(self.path, table)
-                except Exception:  # noqa: BLE001 - compaction is an optimisation; parts stay readable
-                    pass
-        self.update_meta(end_wall=time.time(), complete=True, rows=dict(self._rows_written), **final_meta)
+            with self._io_lock:
+                for table in list(self._seq):
+                    self._compact(table, final=True)
+        try:
+            self.update_meta(end_wall=time.time(), complete=True, rows=dict(self._rows_written), **final_meta)
+        except OSError as e:  # disk full: meta.json keeps its last complete version (atomic rename)
+            self.write_error = e
 
 
-def compact_table(path: Path, table: str) -> None:
+# Parts merged into one range file by the flush thread, and range files of one level merged into the
+# next level: a table flushed twice a second has ~110 files after an hour, ~130 after ten.
+COMPACT_FANOUT = 64
+# A range file at least this large is not merged again during the hunt (bounded rewrite cost).
+COMPACT_MAX_BYTES = 128 << 20
+_PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+
+
+def part_files(d: Path) -> list[tuple[int, int, Path]]:
+    """Every part (``part-N``) and range file (``part-A-B``) in a table directory as (first, last, path),
+    in reading order: by first part, the widest range first."""
+    out = []
+    for p in d.glob("part-*.parquet") if d.is_dir() else []:
+        m = _PART_RE.match(p.name)
+        if m:
+            first = int(m.group(1))
+            out.append((first, int(m.group(2)) if m.group(2) else first, p))
+    out.sort(key=lambda x: (x[0], -x[1]))
+    return out
+
+
+def _level(first: int, last: int) -> int:
+    span, level = last - first + 1, 0
+    while span > 1:
+        span = -(-span // COMPACT_FANOUT)
+        level += 1
+    return level
+
+
+def _merge_parts(d: Path, group: list[tuple[int, int, Path]]) -> None:
+    """Stream ``group`` (consecutive files) into one range file, then unlink the files it replaces.
+    One input is in memory at a time. Column types are unified (a part whose column was all null
+    takes the type of the others); conflicting types raise, and the parts are left as they are."""
+    schema = pa.unify_schemas([pq.read_schema(p) for _, _, p in group], promote_options="default")
+    first, last = group[0][0], group[-1][1]
+    final = d / f"part-{first:06d}-{last:06d}.parquet"
+    tmp = d / f".compact-{first:06d}-{last:06d}.tmp"
+    try:
+        with pq.ParquetWriter(tmp, schema) as w:
+            for _, _, p in group:
+                t = pq.read_table(p)
+                cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
+                        for f in schema]
+                w.write_table(pa.Table.from_arrays(cols, schema=schema))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    # The rename publishes the merged rows; from then on the reader ignores the parts it covers, so a
+    # SIGKILL between here and the last unlink leaves leftovers, never duplicates.
+    os.replace(tmp, final)
+    for _, _, p in group:
+        if p != final:
+            p.unlink(missing_ok=True)
+
+
+def compact_table(path: Path, table: str, final: bool = True) -> None:
+    """``final``: merge every file of the table into one. Otherwise one tiered step per level: the
+    oldest run of COMPACT_FANOUT consecutive files of one level (each under COMPACT_MAX_BYTES)."""
     d = Path(path) / TABLES / table
-    parts = sorted(d.glob("part-*.parquet"))
-    if len(parts) <= 1:
+    files: list[tuple[int, int, Path]] = []
+    covered = -1
+    for f in part_files(d):
+        if f[0] <= covered:
+            f[2].unlink(missing_ok=True)  # leftover of a compaction interrupted before its unlinks
+            continue
+        files.append(f)
+        covered = f[1]
+    if final:
+        if len(files) > 1:
+            _merge_parts(d, files)
         return
-    frames = [pq.read_table(p) for p in parts]
-    merged = pa.concat_tables(frames, promote_options="default")
-    tmp = d / ".compact.tmp"
-    pq.write_table(merged, tmp)
-    # part 0 is replaced by the merged table in one rename, then the other parts go. Only a crash in
-    # the middle of the unlinks can leave rows twice; the writer has finished by then.
-    os.replace(tmp, parts[0])
-    for p in parts[1:]:
-        p.unlink(missing_ok=True)
+    level = 0
+    while True:
+        run: list[tuple[int, int, Path]] = []
+        for f in files:
+            if _level(f[0], f[1]) == level and f[2].stat().st_size < COMPACT_MAX_BYTES:
+                run.append(f)
+                if len(run) == COMPACT_FANOUT:
+                    break
+            else:
+                run = []
+        if len(run) < COMPACT_FANOUT:
+            return
+        _merge_parts(d, run)
+        files = [f for f in files if f not in run]
+        files.append((run[0][0], run[-1][1], d / f"part-{run[0][0]:06d}-{run[-1][1]:06d}.parquet"))
+        files.sort(key=lambda x: (x[0], -x[1]))
+        level += 1
 
 
 class SessionReader:
@@ -235,11 +338,17 @@ class SessionReader:
             return self._cache[name]
         d = self.path / TABLES / name
         frames: list[pa.Table] = []
-        for p in sorted(d.glob("part-*.parquet")) if d.is_dir() else []:
+        covered = -1
+        for first, last, p in part_files(d):
+            if first <= covered:
+                continue  # merged into a range file already read (a compaction was interrupted)
             try:
                 frames.append(pq.read_table(p))
             except Exception:  # noqa: BLE001 - a truncated or hand-edited part: skip it, say so
+                # An unreadable range file covers nothing: leftovers of its parts are read instead.
                 self.skipped_parts.append(str(p.relative_to(self.path)))
+                continue
+            covered = last
         if frames:
             try:
                 df = pa.concat_tables(frames, promote_options="default").to_pandas()

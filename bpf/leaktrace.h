@@ -1,0 +1,95 @@
+/* Layouts shared by the BPF program (bpf/leaktrace.bpf.c) and user space
+ * (leaktrace/probes/bpf.py mirrors these structs with ctypes, once, next to its loader).
+ * Keep every field 8-byte aligned and explicit so both sides agree without padding guesses. */
+#ifndef LEAKTRACE_H
+#define LEAKTRACE_H
+
+/* Real kernel headers define it (linux/compiler_types.h); the stub tree does not. */
+#ifndef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#endif
+
+/* Slow-path event types (lt_event.type). */
+#define LT_EV_MMAP 1     /* an mmap the kernel did not keep: MAP_FIXED overlay, or the region map was full */
+#define LT_EV_MUNMAP 2   /* a munmap that is not exactly one kernel-tracked region (emitted at entry) */
+#define LT_EV_MREMAP 3   /* an mremap of a region not kernel-tracked, or partial / DONTUNMAP / FIXED */
+#define LT_EV_BRK 4      /* the program break moved (result of brk(addr != 0)) */
+#define LT_EV_FORK 5     /* a task of the target set created a task: aux_pid is the child */
+#define LT_EV_EXEC 6     /* a traced process replaced its address space */
+#define LT_EV_EXIT 7     /* a traced process's last thread exited (group_dead) */
+#define LT_EV_LIBMAP 8   /* a file mapped executable (a library loaded): user space refreshes its maps copy */
+
+/* Per-CPU counters (index into the `counters` array). */
+#define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk of the target set */
+#define LT_CNT_FAST_MAPS 1     /* mmaps kept in the kernel region map */
+#define LT_CNT_SETTLED 2       /* munmaps/mremaps settled in the kernel (exact match) */
+#define LT_CNT_SLOW 3          /* events handed to user space */
+#define LT_CNT_LOST 4          /* events the ring buffer had no room for */
+#define LT_CNT_MAP_FULL 5      /* regions the kernel map had no room for (sent as slow events) */
+#define LT_CNT_STACKS 6        /* user stacks captured (once per call site) */
+#define LT_CNT_FAILED 7        /* syscalls that failed (nothing to account) */
+#define LT_NCOUNTERS 8
+
+/* Address-space key of the in-kernel ledger. */
+struct lt_region_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 start;
+};
+
+/* One outstanding region the kernel owns (born by a plain mmap, possibly moved by an exact mremap). */
+struct lt_region {
+    __u64 len;       /* page-rounded */
+    __u64 seq;       /* bpf_ktime_get_ns() at the syscall exit: orders it against slow-path events */
+    __u64 site;      /* caller's return address, read at the user stack pointer at syscall entry */
+    __u64 ip;        /* user instruction pointer at the syscall (where the syscall instruction is) */
+    __s64 stack_id;  /* user stack of the first call from this site (-1: none) */
+    __u32 tid;
+    __u32 prot;
+    __u32 flags;
+    __u32 fd;        /* (u32)-1 for anonymous */
+};
+
+/* Arguments kept between a syscall's entry and exit, keyed by tid. */
+struct lt_pending {
+    __u64 addr;
+    __u64 len;
+    __u64 new_len;
+    __u64 new_addr;
+    __u64 flags;
+    __u64 prot;
+    __u64 fd;
+    __u64 site;
+    __u64 ip;
+    __s64 stack_id;
+    __u64 t_enter;
+};
+
+/* A slow-path event (ring buffer record). */
+struct lt_event {
+    __u64 seq;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+    __u32 type;
+    __u32 tgid;
+    __u32 tid;
+    __u32 aux_pid;   /* FORK: child pid */
+    __u64 addr;      /* MMAP: result address; MUNMAP/MREMAP: old address; BRK: new break */
+    __u64 len;       /* MMAP/MUNMAP: length; MREMAP: old length */
+    __u64 new_addr;  /* MREMAP: result address */
+    __u64 new_len;   /* MREMAP: new length */
+    __u64 flags;     /* mmap/mremap flags */
+    __u64 prot;
+    __u64 fd;
+    __u64 site;
+    __u64 ip;
+    __s64 stack_id;
+    __s64 result;    /* syscall return value where it matters */
+};
+
+/* Call-site cache key: one user stack per (process, return address). */
+struct lt_site_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 site;
+};
+
+#endif

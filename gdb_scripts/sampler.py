@@ -1,0 +1,431 @@
+"""leaktrace's in-gdb stack sampler: runs inside gdb's own Python (``gdb -x sampler.py``).
+
+Handling each stop here costs ~0.1 ms; driving every stop over MI from another process costs ~3 ms.
+The driver (leaktrace/probes/gdb.py) talks to gdb over MI only to start and stop this program:
+
+    leaktrace-sample CONFIG.json   attach to config["pid"] and sample in the background (returns at once)
+    leaktrace-stop [REASON]        detach now (idempotent)
+
+How it samples: ``catch syscall mmap munmap mremap`` (changes no code in the target, unlike a
+breakpoint) in non-stop mode, so only the thread that made the syscall is stopped. Each syscall stops
+twice (entry and exit); the entry stop is resumed at once, the exit stop records the result and the
+backtrace, then resumes the thread. Signals pass through untouched (sampler_settings.gdb).
+
+Output: JSON lines appended to config["out"], one object per line:
+    {"type": "attached", "pid", "t_mono", "attach_s", "threads", "python": status, "state_before"}
+    {"type": "sample", "pid", "tid", "t_mono", "syscall", "nr", "addr", "length", "old_addr",
+     "old_length", "result", "error", "stop_us", "frames": [{"pc", "library", "path", "symbol", "offset",
+     "file_offset", "python"?}, ...]}
+    {"type": "end", "pid", "t_mono", "reason", "stops", "samples", "paused_s", "handler_s",
+     "state_after", "sigcont"}
+``t_mono`` is CLOCK_MONOTONIC seconds (the same clock as the driver's time.monotonic()).
+
+Never harm the target: a pause budget (stopped time as a fraction of elapsed time, and stops per
+second) ends sampling; every end path detaches; if gdb is about to exit while still attached (the
+driver died and gdb saw EOF on stdin), it detaches first. After detaching, a target that ended up
+stopped (state T, no tracer) although it was running before is sent SIGCONT.
+"""
+
+import bisect
+import json
+import os
+import re
+import signal
+import time
+
+import gdb
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SETTINGS = os.path.join(HERE, "sampler_settings.gdb")
+
+ENOSYS = 38
+SYSCALL_NAMES = {9: "mmap", 11: "munmap", 25: "mremap"}  # x86-64 numbers
+ADDRESS_SYMBOL = re.compile(r"<(?P<sym>.+?)(?:\+(?P<off>\d+))?>")
+EVAL_FRAME = "_PyEval_EvalFrameDefault"
+
+
+def proc_state(pid):
+    """(state letter, tracer pid) from /proc, or (None, None) when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        state = stat[stat.rindex(")") + 2]
+        tracer = 0
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    tracer = int(line.split()[1])
+        return state, tracer
+    except (OSError, ValueError):
+        return None, None
+
+
+class LibraryRanges:
+    """pc -> mapped file, from /proc/PID/maps (works for stripped libraries and the executable alike).
+    Re-read when a pc falls outside every known range (a library dlopen()ed since), at most twice a
+    second."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.starts = []
+        self.entries = []
+        self.read_at = 0.0
+        self.refresh()
+
+    def refresh(self):
+        entries = []
+        try:
+            with open(f"/proc/{self.pid}/maps") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) < 6:
+                        continue
+                    path = parts[5].strip()
+                    if not path or (path.startswith("[") and path != "[vdso]"):
+                        continue
+                    lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                    entries.append((lo, hi, int(parts[2], 16), path))
+        except OSError:
+            return
+        entries.sort()
+        self.entries = entries
+        self.starts = [e[0] for e in entries]
+        self.read_at = time.monotonic()
+
+    def lookup(self, pc):
+        hit = self._find(pc)
+        if hit is None and time.monotonic() - self.read_at > 0.5:
+            self.refresh()
+            hit = self._find(pc)
+        return hit
+
+    def _find(self, pc):
+        i = bisect.bisect_right(self.starts, pc) - 1
+        if i >= 0:
+            lo, hi, offset, path = self.entries[i]
+            if pc < hi:
+                return path, pc - lo + offset
+        return None
+
+
+class PythonFrames:
+    """Python-level frames for _PyEval_EvalFrameDefault frames, via the interpreter's own gdb
+    extension (python3.X-gdb.py, shipped next to pyenv builds or by Debian's python3.X-dbg)."""
+
+    def __init__(self):
+        self.libpython = None
+        self.status = "n/a: not a Python process"
+
+    def load(self):
+        interpreters = [o.filename for o in gdb.objfiles()
+                        if o.filename and re.search(r"(^|/)(lib)?python3[.\d]*[dmu]*(\.so[.\d]*)?$", o.filename)]
+        if not interpreters:
+            return
+        tried = []
+        for objfile in interpreters:
+            real = os.path.realpath(objfile)
+            for candidate in (real + "-gdb.py", "/usr/share/gdb/auto-load" + real + "-gdb.py",
+                              objfile + "-gdb.py"):
+                tried.append(candidate)
+                if not os.path.isfile(candidate):
+                    continue
+                namespace = {"__name__": "leaktrace_libpython", "__file__": candidate}
+                try:
+                    with open(candidate) as f:
+                        exec(compile(f.read(), candidate, "exec"), namespace)  # noqa: S102 - the interpreter's own extension
+                    gdb.lookup_type("PyObject")
+                except gdb.error:
+                    self.status = (f"unavailable: {os.path.basename(real)} has no debug info "
+                                   f"(extension {candidate} needs it)")
+                    return
+                except Exception as e:  # noqa: BLE001 - a broken extension must not stop sampling
+                    self.status = f"unavailable: loading {candidate} failed: {e.__class__.__name__}: {e}"
+                    return
+                self.libpython = namespace
+                self.status = f"ok: {candidate}"
+                return
+        self.status = ("unavailable: no gdb extension for " + ", ".join(interpreters)
+                       + " (looked for " + ", ".join(tried[:3]) + "; install python3.X-dbg)")
+
+    def frames_of(self, gdb_frame):
+        """Python frames run by this C frame, innermost first; None when it is not an eval frame."""
+        if self.libpython is None or gdb_frame.name() != EVAL_FRAME:
+            return None
+        out = []
+        try:
+            pyframe = self.libpython["Frame"](gdb_frame).get_pyop()
+            while pyframe is not None and len(out) < 64:
+                if pyframe.is_optimized_out():
+                    out.append({"func": None, "file": None, "line": None})
+                    break
+                out.append({"func": pyframe.co_name.proxyval(set()), "file": pyframe.filename(),
+                            "line": pyframe.current_line_num()})
+                if pyframe.is_entry():
+                    break
+                pyframe = pyframe.previous()
+        except Exception as e:  # noqa: BLE001 - unreadable interpreter state: say so in the frame
+            out.append({"error": f"{e.__class__.__name__}: {e}"[:200]})
+        return out
+
+
+class Sampler:
+    def __init__(self, config):
+        self.config = config
+        self.pid = int(config["pid"])
+        self.max_samples = int(config.get("max_samples") or 0)  # 0: no limit (time and budget only)
+        self.max_seconds = float(config.get("max_seconds") or 0)
+        self.pause_fraction = float(config.get("pause_fraction", 0.01))
+        self.budget_floor_s = float(config.get("budget_floor_s", 10.0))
+        self.max_stops_per_s = float(config.get("max_stops_per_s", 100.0))
+        self.per_stop_overhead_s = float(config.get("per_stop_overhead_us", 50.0)) / 1e6
+        self.max_frames = int(config.get("max_frames", 64))
+        self.stacks_on_munmap = bool(config.get("stacks_on_munmap", True))
+        self.out = open(config["out"], "a", buffering=1)  # noqa: SIM115 - lives as long as the sampling
+        self.libs = None
+        self.python = PythonFrames()
+        self.catchpoint = None
+        self.active = False
+        self.ending = None
+        self.ended = False
+        self.stops = 0
+        self.samples = 0
+        self.paused_s = 0.0
+        self.handler_s = 0.0
+        self.recent_stops = []
+        self.t_start = 0.0
+        self.state_before = None
+
+    # -- output
+    def emit(self, record):
+        self.out.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    # -- lifecycle
+    def start(self):
+        self.state_before, tracer = proc_state(self.pid)
+        if self.state_before is None:
+            raise gdb.GdbError(f"leaktrace: no such process {self.pid}")
+        if tracer:
+            raise gdb.GdbError(f"leaktrace: process {self.pid} is already traced by pid {tracer}")
+        gdb.execute("source " + SETTINGS, to_string=True)
+        t0 = time.monotonic()
+        gdb.execute(f"attach {self.pid}", to_string=True)
+        self.libs = LibraryRanges(self.pid)
+        self.catchpoint = self._catch_syscalls()
+        self.python.load()
+        gdb.events.stop.connect(self.on_stop)
+        gdb.events.exited.connect(self.on_exited)
+        gdb.events.gdb_exiting.connect(self.on_gdb_exiting)
+        self.active = True
+        gdb.execute("continue -a &", to_string=True)
+        attach_s = time.monotonic() - t0
+        # The whole process was stopped while gdb attached and read symbols. That one-off cost is
+        # reported as attach_s and kept out of the per-stop budget (it would eat a short budget alone).
+        self.t_start = time.monotonic()
+        self.emit({"type": "attached", "pid": self.pid, "t_mono": self.t_start, "attach_s": attach_s,
+                   "threads": len(gdb.selected_inferior().threads()), "python": self.python.status,
+                   "state_before": self.state_before})
+
+    def _catch_syscalls(self):
+        before = {b.number for b in gdb.breakpoints()}
+        gdb.execute("catch syscall mmap munmap mremap", to_string=True)
+        new = [b for b in gdb.breakpoints() if b.number not in before]
+        for b in new:
+            b.silent = True  # no stop banner on MI for every syscall
+        return new[0] if new else None
+
+    def finish(self, reason):
+        """Detach and write the end record. Safe to call more than once and from any gdb event."""
+        if self.ended:
+            return
+        self.ended = True
+        self.active = False
+        for event, handler in ((gdb.events.stop, self.on_stop), (gdb.events.exited, self.on_exited)):
+            try:
+                event.disconnect(handler)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            if self.catchpoint is not None and self.catchpoint.is_valid():
+                self.catchpoint.delete()
+        except gdb.error:
+            pass
+        try:
+            if gdb.selected_inferior().pid:
+                gdb.execute("detach", to_string=True)
+        except gdb.error as e:
+            reason += f" (detach: {e})"
+        state, tracer = proc_state(self.pid)
+        sigcont = False
+        if state == "T" and not tracer and self.state_before not in ("T", "t"):
+            # A stop left behind by the attach/detach dance (a SIGSTOP delivered after detach): undo it.
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+                sigcont = True
+            except OSError:
+                pass
+            state, tracer = proc_state(self.pid)
+        self.emit({"type": "end", "pid": self.pid, "t_mono": time.monotonic(), "reason": reason,
+                   "stops": self.stops, "samples": self.samples, "paused_s": self.paused_s,
+                   "handler_s": self.handler_s, "state_after": state, "sigcont": sigcont})
+        self.out.close()
+
+    def end_soon(self, reason):
+        """Ask for the end from inside a stop handler: detaching there is not safe, so it runs as a
+        posted event right after the handler returns."""
+        if self.ending is None:
+            self.ending = reason
+            gdb.post_event(lambda: self.finish(reason))
+
+    # -- events
+    def on_exited(self, event):
+        self.end_soon("target exited")
+
+    def on_gdb_exiting(self, event):
+        if not self.ended:
+            self.finish(self.ending or "gdb exiting (driver gone)")
+
+    def on_stop(self, event):
+        if not self.active:
+            return
+        t0 = time.perf_counter()
+        thread = getattr(event, "inferior_thread", None) or gdb.selected_thread()
+        if thread is None or not thread.is_valid():
+            return
+        if thread.inferior.pid != self.pid:
+            return
+        thread.switch()
+        ours = isinstance(event, gdb.BreakpointEvent) and self.catchpoint in event.breakpoints
+        if ours and self.ending is None:
+            frame = gdb.newest_frame()
+            result = int(frame.read_register("rax"))
+            if result != -ENOSYS:  # -ENOSYS in rax marks the syscall-entry stop
+                self.record(thread, frame, result, t0)
+        try:
+            gdb.execute("continue &", to_string=True)
+        except gdb.error as e:
+            self.end_soon(f"resume failed: {e}")
+        spent = time.perf_counter() - t0
+        self.stops += 1
+        self.handler_s += spent
+        self.paused_s += spent + self.per_stop_overhead_s
+        self.check_budget()
+
+    def check_budget(self):
+        now = time.monotonic()
+        elapsed = now - self.t_start
+        allowed = self.pause_fraction * max(elapsed, self.budget_floor_s)
+        self.recent_stops.append(now)
+        while self.recent_stops and self.recent_stops[0] < now - 1.0:
+            self.recent_stops.pop(0)
+        if self.max_samples and self.samples >= self.max_samples:
+            self.end_soon("samples")
+        elif self.max_seconds and elapsed >= self.max_seconds:
+            self.end_soon("time")
+        elif self.paused_s > allowed:
+            self.end_soon(f"budget: paused {self.paused_s * 1000:.1f} ms > {self.pause_fraction:.1%} "
+                          f"of {max(elapsed, self.budget_floor_s):.1f} s")
+        elif len(self.recent_stops) > self.max_stops_per_s:
+            self.end_soon(f"budget: more than {self.max_stops_per_s:.0f} stops/s")
+
+    # -- one sample
+    def record(self, thread, frame, result, t0):
+        nr = int(frame.read_register("orig_rax"))
+        syscall = SYSCALL_NAMES.get(nr, str(nr))
+        arg0 = int(frame.read_register("rdi")) & 0xFFFFFFFFFFFFFFFF
+        arg1 = int(frame.read_register("rsi")) & 0xFFFFFFFFFFFFFFFF
+        arg2 = int(frame.read_register("rdx")) & 0xFFFFFFFFFFFFFFFF
+        error = -result if -4096 < result < 0 else 0
+        sample = {"type": "sample", "pid": self.pid, "tid": thread.ptid[1], "t_mono": time.monotonic(),
+                  "syscall": syscall, "nr": nr, "result": result & 0xFFFFFFFFFFFFFFFF, "error": error,
+                  "addr": None, "length": None, "old_addr": None, "old_length": None}
+        if syscall == "mmap":
+            sample.update(addr=None if error else result, length=arg1)
+        elif syscall == "mremap":
+            sample.update(addr=None if error else result, length=arg2, old_addr=arg0, old_length=arg1)
+        else:  # munmap: what went away
+            sample.update(addr=arg0, length=arg1)
+        if syscall != "munmap" or self.stacks_on_munmap:
+            sample["frames"] = self.backtrace(frame)
+        else:
+            sample["frames"] = []
+        sample["stop_us"] = (time.perf_counter() - t0) * 1e6
+        self.emit(sample)
+        if syscall != "munmap":
+            self.samples += 1
+
+    def backtrace(self, frame):
+        frames = []
+        level = 0
+        pc_is_return_address = False
+        while frame is not None and level < self.max_frames:
+            pc = frame.pc()
+            # Above the innermost frame pc is usually a return address: look the symbol up at pc-1,
+            # still inside the calling function even when the call was its last instruction. Not so
+            # above an inlined frame (same pc) or a signal trampoline.
+            lookup_pc = pc - 1 if pc_is_return_address else pc
+            frame_type = frame.type()
+            pc_is_return_address = frame_type not in (gdb.INLINE_FRAME, gdb.SIGTRAMP_FRAME)
+            hit = self.libs.lookup(pc)
+            path, file_offset = hit if hit else (None, None)
+            name = frame.name()
+            symbol, offset = None, None
+            try:
+                m = ADDRESS_SYMBOL.search(gdb.format_address(lookup_pc))
+            except (gdb.error, RuntimeError, ValueError):
+                m = None
+            if m:
+                symbol = m.group("sym")
+                offset = int(m.group("off") or 0) + (pc - lookup_pc)
+            if name and name != symbol:  # an inlined function: gdb's frame name is the precise one
+                symbol, offset = name, None
+            entry = {"pc": pc, "library": os.path.basename(path) if path else None, "path": path,
+                     "symbol": symbol, "offset": offset, "file_offset": file_offset}
+            if frame_type == gdb.INLINE_FRAME:
+                entry["inline"] = True
+            py = self.python.frames_of(frame)
+            if py is not None:
+                entry["python"] = py
+            frames.append(entry)
+            level += 1
+            try:
+                frame = frame.older()
+            except gdb.error:
+                break
+        return frames
+
+
+class SampleCommand(gdb.Command):
+    """leaktrace-sample CONFIG.json: attach and sample in the background (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__("leaktrace-sample", gdb.COMMAND_USER)
+        self.sampler = None
+
+    def invoke(self, argument, from_tty):
+        with open(argument.strip()) as f:
+            config = json.load(f)
+        if self.sampler is not None and not self.sampler.ended:
+            raise gdb.GdbError("leaktrace: already sampling")
+        self.sampler = Sampler(config)
+        try:
+            self.sampler.start()
+        except gdb.error as e:
+            self.sampler.finish(f"attach failed: {e}")
+            raise gdb.GdbError(f"leaktrace: attach failed: {e}") from None
+
+
+class StopCommand(gdb.Command):
+    """leaktrace-stop [REASON]: detach now."""
+
+    def __init__(self, sample_command):
+        super().__init__("leaktrace-stop", gdb.COMMAND_USER)
+        self.sample_command = sample_command
+
+    def invoke(self, argument, from_tty):
+        sampler = self.sample_command.sampler
+        if sampler is not None:
+            sampler.finish(argument.strip() or "stopped")
+
+
+_sample_command = SampleCommand()
+StopCommand(_sample_command)

@@ -1,0 +1,114 @@
+"""Pure functions over a session's eBPF ledger tables (written by leaktrace/probes/bpf.py).
+
+``ledger_summary`` fills report.json's ``ledger``; ``native_culprits`` names the libraries whose
+outstanding mappings grow, with their rate (Theil–Sen over the per-tick ledger snapshots), the bytes
+still outstanding at the end, and the call stack holding most of them. Mappings that existed before
+tracing began are never blamed (the probe does not count them in snapshots).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from leaktrace.analysis.growth import MB, rate
+
+# Snapshot kinds that make a culprit, and the culprit kind each becomes.
+CULPRIT_KINDS = {"anon": "native-mmap", "heap": "malloc-heap"}
+
+
+def _last_tick(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return df
+    return df[df["t"] == df["t"].max()]
+
+
+def ledger_summary(reader: Any) -> dict[str, Any]:
+    snaps = reader.table("ledger_snapshots")
+    counters = reader.table("bpf_counters")
+    regions = reader.table("ledger_regions")
+    out: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0}
+    last = _last_tick(snaps)
+    if not last.empty:
+        out["outstanding_bytes"] = int(last["outstanding_bytes"].sum())
+        out["regions"] = int(last["regions"].sum())
+        by_lib = last.groupby("library")["outstanding_bytes"].sum().sort_values(ascending=False)
+        out["by_library"] = {str(k): int(v) for k, v in by_lib.head(20).items()}
+        anon = last[last["kind"] == "anon"]
+        out["anon_outstanding_bytes"] = int(anon["outstanding_bytes"].sum())
+    if not counters.empty:
+        c = counters.sort_values("t").iloc[-1]
+        out["events"] = int(c.get("syscalls", 0))
+        out["lost_events"] = int(c.get("lost_events", 0))
+        out["slow_events"] = int(c.get("slow_events", 0))
+        out["settled_in_kernel"] = int(c.get("settled", 0))
+        out["kernel_map_full"] = int(c.get("map_full", 0))
+        out["headers"] = str(c.get("header_kind", ""))
+    if not regions.empty and "preexisting" in regions:
+        pre = regions[regions["preexisting"].astype(bool)]
+        out["preexisting_bytes"] = int(pre["size"].sum())
+    return out
+
+
+def _series(snaps: pd.DataFrame, ticks: np.ndarray, pid: int, library: str, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Outstanding bytes of (pid, library, kind) at every tick of the pid's life (absent = 0)."""
+    mine = snaps[snaps["pid"] == pid]
+    lo, hi = mine["t"].min(), mine["t"].max()
+    grid = ticks[(ticks >= lo) & (ticks <= hi)]
+    g = mine[(mine["library"] == library) & (mine["kind"] == kind)].set_index("t")["outstanding_bytes"]
+    g = g.groupby(level=0).sum()
+    y = g.reindex(grid, fill_value=0).to_numpy(dtype=float)
+    return grid, y
+
+
+def native_culprits(reader: Any) -> list[dict[str, Any]]:
+    snaps = reader.table("ledger_snapshots")
+    if snaps.empty:
+        return []
+    counters = reader.table("bpf_counters")
+    ticks = np.unique(np.concatenate([snaps["t"].to_numpy(dtype=float),
+                                      counters["t"].to_numpy(dtype=float) if not counters.empty else []]))
+    regions = reader.table("ledger_regions")
+    stacks = reader.table("bpf_stacks")
+    frames = {}
+    if not stacks.empty:
+        frames = {r.stack_key: [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
+    lost = int(counters.sort_values("t").iloc[-1].get("lost_events", 0)) if not counters.empty else 0
+    out: list[dict[str, Any]] = []
+    for (pid, library, kind), _g in snaps.groupby(["pid", "library", "kind"]):
+        if kind not in CULPRIT_KINDS:
+            continue
+        t, y = _series(snaps, ticks, int(pid), str(library), str(kind))
+        if len(t) < 3 or y[-1] <= 0:
+            continue
+        r = rate(t, y, warmup_s=0.0)
+        if r.per_s <= 0:
+            continue
+        stack: list[str] = []
+        evidence = [f"eBPF ledger: {int(y[-1]):,} B outstanding in {library} mappings of pid {pid} "
+                    f"(caller return address at the syscall; raw syscalls included)",
+                    f"grew {r.mb_per_min:.2f} MB/min (Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s, "
+                    f"confidence {r.confidence:.2f})"]
+        if r.step:
+            evidence.append(f"the rise is one step of {r.step_bytes / MB:.1f} MB, not a steady growth")
+        top_sites: list[dict[str, Any]] = []
+        if not regions.empty:
+            mine = regions[(regions["pid"] == pid) & (regions["library"] == library) & (regions["kind"] == kind)
+                           & ~regions["preexisting"].astype(bool)]
+            by_site = mine.groupby("stack_key")["size"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+            for key, row in by_site.head(3).iterrows():
+                top_sites.append({"stack_key": key, "outstanding_bytes": int(row["sum"]), "regions": int(row["count"]),
+                                  "stack": frames.get(key, [])})
+            if top_sites:
+                stack = top_sites[0]["stack"]
+                evidence.append(f"{top_sites[0]['regions']} region(s), {top_sites[0]['outstanding_bytes']:,} B "
+                                f"from call site {stack[1] if len(stack) > 1 else top_sites[0]['stack_key']}")
+        evidence.append(f"{lost} event(s) lost" if lost else "0 events lost: the ledger is exact")
+        out.append({"kind": CULPRIT_KINDS[kind], "library": str(library), "pid": int(pid),
+                    "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
+                    "outstanding_bytes": int(y[-1]), "stack": stack, "evidence": evidence,
+                    "confidence": r.confidence, "step": r.step, "sites": top_sites})
+    out.sort(key=lambda c: (-c["mb_per_min"], -c["outstanding_bytes"]))
+    return out

@@ -1,0 +1,203 @@
+"""Find and load BCC (Debian's python3-bpfcc) from any Python, with or without kernel headers.
+
+The ``bcc`` module is pure Python over ``libbcc.so.0`` and lives in ``/usr/lib/python3/dist-packages``.
+The project's virtual environment does not see that directory, and putting all of it on ``sys.path``
+would shadow the venv's own packages with Debian's, so only the ``bcc`` package is imported, by path.
+(The PyPI package named ``bcc`` is an unrelated library: never installed, never imported.)
+
+BCC compiles at run time and needs a kernel-header tree. Real headers are used when the machine has
+them; otherwise ``BCC_KERNEL_SOURCE`` points at the stub tree in ``bpf/kheaders`` (enough for
+tracepoint programs, whose argument layouts come from tracefs). :func:`bpf_doctor_checks` reports
+which path is taken.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import platform
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from leaktrace.errors import BpfUnavailable
+
+REPO = Path(__file__).resolve().parent.parent
+BPF_DIR = Path(os.environ.get("LEAKTRACE_BPF_DIR", REPO / "bpf"))
+STUB_HEADERS = BPF_DIR / "kheaders"
+BCC_DIRS = [
+    Path("/usr/lib/python3/dist-packages/bcc"),
+    Path("/usr/lib/python3/site-packages/bcc"),
+    Path("/usr/share/bcc/python/bcc"),
+]
+TRACEFS = [Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing")]
+TRACEPOINTS = [
+    "syscalls/sys_enter_mmap", "syscalls/sys_exit_mmap", "syscalls/sys_enter_munmap",
+    "syscalls/sys_enter_mremap", "syscalls/sys_exit_mremap", "syscalls/sys_enter_brk",
+    "syscalls/sys_exit_brk", "sched/sched_process_fork", "sched/sched_process_exec",
+    "sched/sched_process_exit",
+]
+# struct pt_regs offsets of the user ip and sp saved at syscall entry, per architecture.
+REGS_OFFSETS = {"x86_64": (128, 152)}
+
+_bcc: ModuleType | None = None
+
+
+@dataclass
+class HeaderChoice:
+    kind: str  # "real" | "stub"
+    path: str
+    detail: str
+
+
+def find_bcc_dir() -> Path | None:
+    override = os.environ.get("LEAKTRACE_BCC_DIR")
+    for d in ([Path(override)] if override else []) + BCC_DIRS:
+        if (d / "__init__.py").is_file():
+            return d
+    return None
+
+
+def import_bcc() -> ModuleType:
+    """Import Debian's ``bcc`` package by path (cached)."""
+    global _bcc
+    if _bcc is not None:
+        return _bcc
+    existing = sys.modules.get("bcc")
+    if existing is not None and hasattr(existing, "BPF"):
+        _bcc = existing
+        return existing
+    d = find_bcc_dir()
+    if d is None:
+        raise BpfUnavailable("BCC's Python module was not found (/usr/lib/python3/dist-packages/bcc)",
+                             "install it: apt-get install -y bpfcc-tools python3-bpfcc, or pass --no-bpf")
+    spec = importlib.util.spec_from_file_location("bcc", d / "__init__.py", submodule_search_locations=[str(d)])
+    if spec is None or spec.loader is None:
+        raise BpfUnavailable(f"cannot import bcc from {d}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bcc"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - libbcc.so missing, ABI mismatch: all mean "no BCC"
+        sys.modules.pop("bcc", None)
+        raise BpfUnavailable(f"bcc from {d} failed to import: {e}",
+                             "reinstall: apt-get install --reinstall -y libbpfcc python3-bpfcc") from e
+    _bcc = module
+    return module
+
+
+def real_header_dirs() -> list[Path]:
+    rel = platform.release()
+    cands = [Path(f"/lib/modules/{rel}/build"), Path(f"/lib/modules/{rel}/source"),
+             Path(f"/usr/src/linux-headers-{rel}")]
+    return [c for c in cands if (c / "include" / "linux" / "kconfig.h").is_file()]
+
+
+def choose_headers() -> HeaderChoice:
+    """Real kernel headers when present (or BCC_KERNEL_SOURCE set by the user), else the stub tree."""
+    user = os.environ.get("BCC_KERNEL_SOURCE")
+    if user and not user.startswith(str(STUB_HEADERS)):
+        return HeaderChoice("real", user, f"BCC_KERNEL_SOURCE={user} (set by the user)")
+    real = real_header_dirs()
+    if real:
+        return HeaderChoice("real", str(real[0]), f"kernel headers at {real[0]}")
+    if Path("/sys/kernel/kheaders.tar.xz").exists():
+        return HeaderChoice("real", "/sys/kernel/kheaders.tar.xz", "in-kernel headers (IKHEADERS)")
+    return HeaderChoice("stub", str(STUB_HEADERS),
+                        f"no kernel headers for {platform.release()}: bundled stub tree {STUB_HEADERS}")
+
+
+def compile_flags(extra: dict[str, int] | None = None) -> list[str]:
+    ip_off, sp_off = REGS_OFFSETS.get(platform.machine(), REGS_OFFSETS["x86_64"])
+    defs = {"LT_REGS_IP_OFF": ip_off, "LT_REGS_SP_OFF": sp_off, **(extra or {})}
+    return [f"-I{BPF_DIR}", "-Wno-macro-redefined"] + [f"-D{k}={v}" for k, v in defs.items()]
+
+
+def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None = None) -> tuple[Any, HeaderChoice]:
+    """Compile and load ``bpf/<name>`` with BCC. Raises :class:`BpfUnavailable` with a remedy."""
+    if os.geteuid() != 0:
+        raise BpfUnavailable("BPF tracing needs root (or CAP_BPF + CAP_PERFMON)")
+    bcc = import_bcc()
+    choice = choose_headers()
+    if choice.kind == "stub":
+        os.environ["BCC_KERNEL_SOURCE"] = choice.path
+    src = BPF_DIR / name
+    if not src.is_file():
+        raise BpfUnavailable(f"BPF program {src} is missing", "reinstall leaktrace from its repository")
+    try:
+        prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(defines))
+    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception for compile/load failures
+        raise BpfUnavailable(f"BPF program failed to load ({choice.kind} headers): {str(e).strip()[:300]}") from e
+    return prog, choice
+
+
+# ----------------------------------------------------------------------------- doctor
+
+def _check(name: str, ok: bool, detail: str, fix: str = "") -> dict[str, Any]:
+    return {"name": name, "ok": bool(ok), "detail": detail, "fix": "" if ok else fix}
+
+
+def _bpf_syscall_works() -> tuple[bool, str]:
+    # BPF_PROG_LOAD with an empty program is rejected by the verifier (EINVAL) when the syscall
+    # exists and we may use it; EPERM means no privilege, ENOSYS no BPF at all.
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
+    if nr is None:
+        return False, f"unknown bpf syscall number on {platform.machine()}"
+    attr = (ctypes.c_char * 128)()
+    ret = libc.syscall(nr, 5, attr, 128)  # BPF_PROG_LOAD
+    err = ctypes.get_errno()
+    if ret >= 0:
+        os.close(ret)
+        return True, "bpf() works"
+    names = {1: "EPERM", 22: "EINVAL", 38: "ENOSYS", 7: "E2BIG"}
+    return err in (22, 7), f"bpf(BPF_PROG_LOAD) -> {names.get(err, err)}"
+
+
+def bpf_doctor_checks() -> list[dict[str, Any]]:
+    """Checks for ``leaktrace doctor``: each {name, ok, detail, fix}."""
+    checks: list[dict[str, Any]] = []
+    d = find_bcc_dir()
+    checks.append(_check("bcc python module", d is not None, f"found at {d}" if d else "not found",
+                         "apt-get install -y bpfcc-tools python3-bpfcc"))
+    try:
+        ctypes.CDLL("libbcc.so.0")
+        checks.append(_check("libbcc", True, "libbcc.so.0 loads"))
+    except OSError as e:
+        checks.append(_check("libbcc", False, f"libbcc.so.0: {e}", "apt-get install -y libbpfcc"))
+    ok, detail = _bpf_syscall_works()
+    checks.append(_check("bpf syscall", ok, detail, "run as root (or grant CAP_BPF and CAP_PERFMON)"))
+    tracefs = next((t for t in TRACEFS if (t / "events").is_dir()), None)
+    missing = [tp for tp in TRACEPOINTS if tracefs is None or not (tracefs / "events" / tp / "id").exists()]
+    checks.append(_check("syscall/sched tracepoints", tracefs is not None and not missing,
+                         f"{len(TRACEPOINTS) - len(missing)}/{len(TRACEPOINTS)} present under {tracefs}"
+                         + (f"; missing {', '.join(missing)}" if missing else ""),
+                         "mount tracefs (mount -t tracefs nodev /sys/kernel/tracing); kernel needs "
+                         "CONFIG_FTRACE_SYSCALLS"))
+    btf = Path("/sys/kernel/btf/vmlinux").exists()
+    checks.append(_check("kernel BTF", btf, "/sys/kernel/btf/vmlinux" if btf else "absent",
+                         "a kernel built with CONFIG_DEBUG_INFO_BTF (needed for bpf_task_pt_regs)"))
+    choice = choose_headers()
+    stub_ok = (STUB_HEADERS / "include" / "linux" / "kconfig.h").is_file()
+    checks.append(_check("kernel headers for bcc", choice.kind == "real" or stub_ok,
+                         f"{choice.kind}: {choice.detail}",
+                         "apt-get install linux-headers-$(uname -r), or restore bpf/kheaders/"))
+    checks.append(_check("bpftrace (benchmark anchor only)", shutil.which("bpftrace") is not None,
+                         shutil.which("bpftrace") or "not installed", "apt-get install -y bpftrace"))
+    return checks
+
+
+def doctor_probe_load() -> dict[str, Any]:
+    """Compile and load the real program once (slow: ~1 s); for ``doctor`` when it wants proof."""
+    try:
+        prog, choice = load_program()
+    except BpfUnavailable as e:
+        return _check("leaktrace BPF program loads", False, str(e), e.remedy)
+    try:
+        return _check("leaktrace BPF program loads", True, f"loaded with {choice.kind} headers ({choice.path})")
+    finally:
+        prog.cleanup()

@@ -1,0 +1,122 @@
+"""`leaktrace cluster hunt|report`: the same hunt on every node of a Ray cluster, one merged report."""
+
+from __future__ import annotations
+
+import click
+
+from leaktrace.commands.hunt import default_out, make_logger
+
+
+@click.group("cluster")
+def cluster() -> None:
+    """Hunt on every node of a Ray cluster (prefill and decode nodes side by side) and merge the reports.
+
+    \b
+    Needs Ray on the driver and on every node (pip install 'leaktrace[cluster]'), and leaktrace
+    installed in the Python that Ray runs tasks with on each node (as root for eBPF and gdb).
+    """
+
+
+@cluster.command("hunt")
+@click.option("--address", required=True,
+              help="Ray cluster: HOST:PORT of the head's GCS, ray://HOST:10001 (Ray Client) or auto.")
+@click.option("--vllm", is_flag=True, help="On each node, hunt every vLLM server found there.")
+@click.option("--match", "match", default=None, metavar="REGEX",
+              help="On each node, hunt the processes whose command line matches REGEX (re.search).")
+@click.option("--pid", "pids", multiple=True, metavar="[NODE=]PID",
+              help="Hunt PID; NODE (IP, hostname or node-id prefix) says on which node. Repeatable.")
+@click.option("--nodes", "node_selectors", default="", metavar="NODE,...",
+              help="Only these nodes (IP, hostname or node-id prefix); default: every alive node "
+                   "(or the nodes named by --pid NODE=PID).")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds to hunt on each node.")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between watcher ticks.")
+@click.option("--smaps-every", type=int, default=10, show_default=True, help="Full smaps diff every N ticks.")
+@click.option("--gdb-samples", type=int, default=None, help="gdb stack samples per process (0 disables).")
+@click.option("--metrics", "metrics_urls", multiple=True,
+              help="vLLM /metrics URL to scrape, as each node sees it (repeatable).")
+@click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
+@click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
+@click.option("--pyheap", is_flag=True, help="Query the Python heap (GC) state of Python targets.")
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Cluster session directory to write (default: ./leaktrace-cluster-DATE-TIME).")
+@click.option("--shared-dir", default=None, type=click.Path(file_okay=False),
+              help="Absolute path every node can write (NFS, hostPath…): node sessions go there instead "
+                   "of travelling back through Ray's object store.")
+@click.option("--node-timeout", type=float, default=None,
+              help="Seconds to wait for each node's answer (default: --duration + 120).")
+@click.option("--node-ip-address", default=None,
+              help="This machine's IP as a Ray node, when Ray cannot tell it (several IPs, containers).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], node_selectors: str,
+         duration: float, interval: float, smaps_every: int, gdb_samples: int | None,
+         metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool, out: str | None,
+         shared_dir: str | None, node_timeout: float | None, node_ip_address: str | None, quiet: bool) -> None:
+    """Run `leaktrace hunt` on every selected node of the Ray cluster at --address, with the same
+    options everywhere, and merge the node sessions into OUT (report.json, report.md, nodes/).
+
+    A node that fails (no target, target gone, node lost, no answer in time) is reported with its reason;
+    the others' results are kept. Exit status 0 when the cluster hunt ran, whatever the verdicts.
+
+    \b
+    Examples:
+      leaktrace cluster hunt --address auto --vllm --duration 300 --out pd-hunt
+      leaktrace cluster hunt --address 10.0.0.1:6379 --match 'VLLM::Worker' --no-gdb --out w
+      leaktrace cluster hunt --address 10.0.0.1:6379 --pid 10.0.0.2=4242 --pid 10.0.0.3=5151
+    """
+    from leaktrace.cluster import ClusterRequest, PidSpec, cluster_hunt, import_ray
+    from leaktrace.errors import UsageError
+
+    if interval <= 0:
+        raise UsageError("--interval must be positive")
+    request = ClusterRequest(
+        address=address, vllm=vllm, match=match, pids=[PidSpec.parse(p) for p in pids],
+        nodes=[s for s in node_selectors.split(",") if s.strip()], duration=duration,
+        hunt_args=_hunt_args(interval, smaps_every, gdb_samples, metrics_urls, no_bpf, no_gdb, pyheap),
+        shared_dir=shared_dir, node_timeout=node_timeout, node_ip_address=node_ip_address)
+    request.validate()
+    import_ray()  # before anything else happens: without Ray, one line saying how to get it
+    out = out or default_out().replace("leaktrace-", "leaktrace-cluster-", 1)
+    report = cluster_hunt(request, out, log=make_logger(quiet))
+    _print_summary(report, out)
+
+
+def _hunt_args(interval: float, smaps_every: int, gdb_samples: int | None, metrics_urls: tuple[str, ...],
+               no_bpf: bool, no_gdb: bool, pyheap: bool) -> list[str]:
+    args = ["--interval", str(interval), "--smaps-every", str(max(1, smaps_every))]
+    if gdb_samples is not None:
+        args += ["--gdb-samples", str(gdb_samples)]
+    for url in metrics_urls:
+        args += ["--metrics", url]
+    args += ["--no-bpf"] if no_bpf else []
+    args += ["--no-gdb"] if no_gdb else []
+    args += ["--pyheap"] if pyheap else []
+    return args
+
+
+def _print_summary(report: dict, out: str) -> None:
+    from pathlib import Path
+
+    for n in report["nodes"]:
+        top = n["culprits"][0] if n["culprits"] else None
+        detail = n["reason"] if n["status"] == "failed" else (
+            f"{n['verdict']}" + (f" — {top['kind']} {top.get('library') or ''} pid {top['pid']} "
+                                 f"{top['mb_per_min']:.2f} MB/min" if top else ""))
+        click.echo(f"{n['hostname']} ({n.get('ip')}): {n['status']}: {detail}")
+    click.echo(f"verdict: {report['verdict']}")
+    click.echo(f"report: {Path(out) / 'report.json'}")
+
+
+@cluster.command("report")
+@click.argument("cluster_dir", type=click.Path(file_okay=False))
+@click.option("--stdout", "to_stdout", is_flag=True, help="Also print report.json to stdout.")
+def report(cluster_dir: str, to_stdout: bool) -> None:
+    """Re-render CLUSTER_DIR's merged report (report.json, report.md) from its node sessions. Needs no Ray."""
+    import json
+
+    from leaktrace.cluster import render_cluster
+
+    rep = render_cluster(cluster_dir, rerender=True)
+    if to_stdout:
+        click.echo(json.dumps(rep, indent=2, default=str))
+    else:
+        _print_summary(rep, cluster_dir)

@@ -1,0 +1,409 @@
+"""Process discovery with vLLM labels, for ``leaktrace ps`` and ``hunt --vllm``.
+
+vLLM's process model (V1 engine): ``vllm serve`` is the API server (never retitled), its child
+``VLLM::EngineCore`` (``EngineCore_DP{n}``), grandchildren ``VLLM::Worker…``; also ``VLLM::APIServer_{i}``,
+``VLLM::DPCoordinator`` and a multiprocessing ``resource_tracker``. Titles come from setproctitle with a
+configurable prefix (``VLLM_PROCESS_NAME_PREFIX``), so we match ``<prefix>::<Kind>`` rather than exact names.
+
+Retitled processes show an all-NUL ``/proc/PID/environ`` and their title as cmdline. Settings are read, in
+order, from the live environment in process memory (libc ``__environ``, which setproctitle keeps valid and
+which sees in-process ``os.environ`` changes), from ``/proc/PID/environ``, then from the nearest untitled
+ancestor; every value says where it came from.
+
+A P/D role comes from a proxy's command line (``--prefiller-ports`` / ``--decoder-ports``, as vLLM's toy
+proxy), else from ``kv_role`` when it is producer/consumer, else from /metrics (KV received from a remote
+instance = decode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from typing import Any
+
+from leaktrace import procfs, ucx
+from leaktrace.errors import AccessDenied, LeaktraceError, ProcessGone
+
+LABELS = ("api-server", "engine-core", "worker", "dp-coordinator", "proxy", "other")
+ROLES = ("prefill", "decode", "both", "unknown")
+
+# "<prefix>::<Kind><suffix>" as set by vLLM's bind_process_name / setproctitle.
+TITLE_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.-]+)::(?P<kind>EngineCore|Worker|DPCoordinator|APIServer)(?P<rest>\S*)")
+_TITLE_LABEL = {"EngineCore": "engine-core", "Worker": "worker", "DPCoordinator": "dp-coordinator",
+                "APIServer": "api-server"}
+
+# Libraries of interest, by group; file names as mapped (wheels rename them with a hash suffix).
+LIB_GROUPS: dict[str, re.Pattern[str]] = {
+    "ucx": re.compile(r"^libuc[pmst](-[0-9a-f]{8})?\.so|^libuct_\w+(-[0-9a-f]{8})?\.so|^libucm_\w+\.so"),
+    "nixl": re.compile(r"^libnixl|^libplugin_\w+\.so|^_bindings\.cpython.*nixl|nixl"),
+    "nccl": re.compile(r"^libnccl"),
+    "cuda": re.compile(r"^libcuda\.so|^libcudart|^libcublas|^libnvidia|^libcupti"),
+    "torch": re.compile(r"^libtorch|^libc10(_\w+)?\.so"),
+}
+
+# Settings worth showing (values pass procfs' redaction too).
+CONFIG_ENV_PREFIXES = ("UCX_", "NIXL_", "VLLM_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "LD_PRELOAD",
+                       "MALLOC_", "PYTHONMALLOC", "GLIBC_TUNABLES", "NCCL_")
+
+SRC_LIVE = "live environ of pid {pid} (process memory)"
+SRC_PROC = "/proc/{pid}/environ"
+SRC_ANCESTOR = "/proc/{pid}/environ of untitled ancestor {pid} (this process is retitled)"
+
+
+# ----------------------------------------------------------------------------- one process
+
+def _opt(argv: list[str], *names: str) -> str | None:
+    """Value of ``--name V`` or ``--name=V`` (last one wins, as argparse does)."""
+    val = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                val = argv[i + 1]
+            elif a.startswith(n + "="):
+                val = a[len(n) + 1:]
+    return val
+
+
+def _ints(text: str | None) -> list[int]:
+    return [int(x) for x in re.split(r"[,\s]+", text or "") if x.isdigit()]
+
+
+def is_vllm_serve(argv: list[str]) -> bool:
+    """``vllm serve MODEL``, ``python -m vllm.entrypoints.cli.main serve`` or the OpenAI api_server module."""
+    for i, a in enumerate(argv[:4]):
+        base = os.path.basename(a)
+        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return True
+        if a in ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main"):
+            return a.endswith("api_server") or "serve" in argv[i + 1:i + 2]
+    return False
+
+
+def proxy_ports(argv: list[str]) -> dict[str, list[int]] | None:
+    """Ports named by a P/D proxy's command line, e.g. vLLM's toy proxy: {"prefill": [...], "decode": [...]}."""
+    pre = _ints(_opt(argv, "--prefiller-ports", "--prefiller-port", "--prefill-ports", "--prefill-port"))
+    dec = _ints(_opt(argv, "--decoder-ports", "--decoder-port", "--decode-ports", "--decode-port"))
+    if not pre and not dec:
+        # nargs="+" style: --prefiller-ports 8100 8101 --decoder-ports 8200
+        for flag, out in (("--prefiller-ports", pre), ("--decoder-ports", dec)):
+            if flag in argv:
+                for a in argv[argv.index(flag) + 1:]:
+                    if not a.isdigit():
+                        break
+                    out.append(int(a))
+    if not pre and not dec:
+        return None
+    return {"prefill": pre, "decode": dec}
+
+
+def serve_settings(argv: list[str]) -> dict[str, Any]:
+    """Model, host, port and kv-transfer-config from a ``vllm serve`` command line."""
+    model = _opt(argv, "--model")
+    if model is None:
+        for i, a in enumerate(argv):
+            if a == "serve" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                model = argv[i + 1]
+                break
+    port = _opt(argv, "--port")
+    kv_raw = _opt(argv, "--kv-transfer-config")
+    kv: Any = None
+    if kv_raw:
+        try:
+            kv = json.loads(kv_raw)
+        except json.JSONDecodeError:
+            kv = {"unparsed": kv_raw}
+    return {"model": model, "host": _opt(argv, "--host"), "port": int(port) if port and port.isdigit() else 8000,
+            "port_source": "cmdline --port" if port else "vLLM default (8000)",
+            "kv_transfer_config": kv, "data_parallel_size": _opt(argv, "--data-parallel-size", "-dp"),
+            "tensor_parallel_size": _opt(argv, "--tensor-parallel-size", "-tp")}
+
+
+def libs_of_interest(maps: list[procfs.Mapping]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for m in maps:
+        if not m.path or not m.path.startswith("/") or ".so" not in m.path:
+            continue
+        name = os.path.basename(m.path)
+        if name in seen:
+            continue
+        seen.add(name)
+        for group, rx in LIB_GROUPS.items():
+            if group == "nixl":
+                if rx.search(m.path) and ("nixl" in m.path.lower()) and not LIB_GROUPS["ucx"].search(name):
+                    out.setdefault(group, []).append(name)
+                    break
+            elif rx.search(name):
+                out.setdefault(group, []).append(name)
+                break
+    return out
+
+
+def _config_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: procfs.redact_env_value(k, v) for k, v in sorted(env.items()) if k.startswith(CONFIG_ENV_PREFIXES)}
+
+
+def _read_env(pid: int, maps: list[procfs.Mapping] | None) -> tuple[dict[str, str], str]:
+    """(environment, where it came from) for one process; empty when nothing is readable."""
+    try:
+        live = ucx.read_live_environ(pid, maps)
+    except (LeaktraceError, OSError, ValueError):
+        live = None
+    if live:
+        return live, SRC_LIVE.format(pid=pid)
+    try:
+        env = procfs.read_environ(pid, redact=False)
+    except (AccessDenied, ProcessGone):
+        env = {}
+    return env, SRC_PROC.format(pid=pid) if env else ""
+
+
+# ----------------------------------------------------------------------------- the scan
+
+def _scan() -> tuple[dict[int, dict[str, Any]], dict[int, list[int]]]:
+    """{pid: {ppid, comm, argv}} for every readable process, and ppid -> children."""
+    procs: dict[int, dict[str, Any]] = {}
+    kids: dict[int, list[int]] = {}
+    for pid in procfs.iter_pids():
+        try:
+            st = procfs.read_stat(pid)
+            argv = procfs.read_cmdline(pid, redact=False)
+        except (ProcessGone, AccessDenied, procfs.ParseError, IndexError, ValueError):
+            continue
+        if not argv:
+            continue  # kernel thread or zombie
+        ppid = int(st["ppid"])  # type: ignore[arg-type]
+        procs[pid] = {"pid": pid, "ppid": ppid, "comm": str(st["comm"]), "argv": argv}
+        kids.setdefault(ppid, []).append(pid)
+    return procs, kids
+
+
+def _label(p: dict[str, Any]) -> tuple[str, str | None]:
+    """(label, title or kind detail)."""
+    argv = p["argv"]
+    title = argv[0] if argv else ""
+    m = TITLE_RE.match(title)
+    if m:
+        return _TITLE_LABEL[m.group("kind")], m.group(0)
+    if is_vllm_serve(argv):
+        return "api-server", None
+    if proxy_ports(argv):
+        return "proxy", None
+    if any("multiprocessing.resource_tracker" in a for a in argv[:4]):
+        return "other", "resource_tracker"
+    return "other", None
+
+
+def _descendants(root: int, kids: dict[int, list[int]]) -> list[int]:
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(kids.get(pid, []))
+    return out
+
+
+def _scrape_role(host: str | None, port: int, timeout: float = 1.0) -> tuple[str | None, str]:
+    """Role from a server's /metrics: KV received from a remote instance means decode."""
+    h = host if host and host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    url = f"http://{h}:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - a URL we built
+            text = r.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return None, f"{url} unreachable ({e.__class__.__name__})"
+    from leaktrace.probes.metrics import parse_metrics, summarize
+
+    s = summarize(parse_metrics(text))
+    if s.get("kv_external_prompt_tokens", 0) > 0 or s.get("nixl_transfers", 0) > 0:
+        return "decode", f"{url}: prompt tokens received by KV transfer"
+    if s.get("prompt_tokens", 0) > 0:
+        return "prefill", f"{url}: computes prompts, receives no KV"
+    return None, f"{url}: no traffic yet"
+
+
+def discover(pids: list[int] | None = None, with_metrics: bool = True, all_processes: bool = False,
+             ucx_state: bool = True) -> list[dict[str, Any]]:
+    """Processes with labels, instances, roles, ports, libraries of interest and redacted settings.
+
+    ``pids=None``: every vLLM server on the host (API servers and their trees), P/D proxies, and any
+    process mapping UCX/NIXL/NCCL libraries. With ``pids``: those processes and their descendants.
+    ``all_processes``: every process (libraries read for all of them)."""
+    procs, kids = _scan()
+    labels: dict[int, tuple[str, str | None]] = {pid: _label(p) for pid, p in procs.items()}
+
+    # Instances: each top-most vLLM API server owns its tree (extra APIServer_N, EngineCore, workers…).
+    instance_of: dict[int, int] = {}
+    for pid, (label, _t) in labels.items():
+        if label != "api-server" or TITLE_RE.match(procs[pid]["argv"][0]):
+            continue
+        anc = procs[pid]["ppid"]
+        nested = False
+        while anc in procs and anc > 1:
+            if labels[anc][0] == "api-server":
+                nested = True
+                break
+            anc = procs[anc]["ppid"]
+        if nested:
+            continue
+        for d in _descendants(pid, kids):
+            instance_of.setdefault(d, pid)
+    # Titled vLLM processes whose API server is gone or elsewhere (offline LLM(), a bare EngineCore)
+    # form an instance rooted at their top-most titled ancestor.
+    for pid, (label, title) in labels.items():
+        if pid in instance_of or not title or not TITLE_RE.match(title):
+            continue
+        root = pid
+        while procs.get(procs[root]["ppid"]) and labels[procs[root]["ppid"]][1]:
+            root = procs[root]["ppid"]
+        for d in _descendants(root, kids):
+            instance_of.setdefault(d, root)
+
+    if pids is not None:
+        wanted: set[int] = set()
+        for p in pids:
+            if p in procs:
+                wanted.update(_descendants(p, kids))
+    elif all_processes:
+        wanted = set(procs)
+    else:
+        wanted = set(instance_of) | {pid for pid, (lb, _t) in labels.items() if lb == "proxy"}
+
+    maps_cache: dict[int, list[procfs.Mapping]] = {}
+
+    def maps_of(pid: int) -> list[procfs.Mapping]:
+        if pid not in maps_cache:
+            try:
+                maps_cache[pid] = procfs.read_maps(pid)
+            except (ProcessGone, AccessDenied, procfs.ParseError):
+                maps_cache[pid] = []
+        return maps_cache[pid]
+
+    if pids is None and not all_processes:
+        # Other candidates: anything that maps UCX/NIXL/NCCL (a NIXL agent, a UCX program).
+        own = os.getpid()
+        for pid in procs:
+            if pid in wanted or pid == own:
+                continue
+            libs = libs_of_interest(maps_of(pid))
+            if any(g in libs for g in ("ucx", "nixl", "nccl")):
+                wanted.add(pid)
+
+    # Proxies name the ports of prefill and decode instances.
+    port_roles: dict[int, tuple[str, str]] = {}
+    for pid, (label, _t) in labels.items():
+        if label == "proxy":
+            pp = proxy_ports(procs[pid]["argv"]) or {}
+            for role, ports in pp.items():
+                for port in ports:
+                    port_roles[port] = (role, f"cmdline of proxy pid {pid}")
+
+    # Instance-level facts from the API server (the untitled ancestor of everything in the tree).
+    inst_info: dict[int, dict[str, Any]] = {}
+    for inst in set(instance_of.values()):
+        argv = procs[inst]["argv"]
+        settings = serve_settings(argv) if is_vllm_serve(argv) else {"model": None, "host": None, "port": None,
+                                                                     "port_source": None,
+                                                                     "kv_transfer_config": None}
+        env, env_src = _read_env(inst, maps_of(inst))
+        kv = settings.get("kv_transfer_config")
+        role, role_src = "unknown", "no P/D evidence"
+        port = settings.get("port")
+        if port in port_roles:
+            role, role_src = port_roles[port]
+        elif isinstance(kv, dict) and kv.get("kv_role") in ("kv_producer", "kv_consumer"):
+            role = "prefill" if kv["kv_role"] == "kv_producer" else "decode"
+            role_src = f"kv_role={kv['kv_role']} in --kv-transfer-config of pid {inst}"
+        elif kv:
+            if with_metrics and port:
+                r, why = _scrape_role(settings.get("host"), port)
+                role, role_src = (r or "unknown"), why
+            else:
+                role_src = "kv-transfer-config present; the proxy decides the role (no proxy found)"
+        elif is_vllm_serve(argv):
+            role, role_src = "both", "no kv-transfer-config: this server prefills and decodes"
+        mp = env.get("VLLM_WORKER_MULTIPROC_METHOD")
+        inst_info[inst] = {
+            **settings, "role": role, "role_source": role_src, "env": env, "env_source": env_src,
+            "multiproc_method": {"value": mp or "fork", "source": env_src if mp else "vLLM default (not set)"},
+        }
+
+    out: list[dict[str, Any]] = []
+    for pid in sorted(wanted):
+        if pid not in procs:
+            continue
+        p = procs[pid]
+        label, title = labels[pid]
+        inst = instance_of.get(pid)
+        info = inst_info.get(inst, {}) if inst else {}
+        maps = maps_of(pid)
+        lib_groups = libs_of_interest(maps)
+        libs = sorted({n for names in lib_groups.values() for n in names})
+
+        env, env_src = _read_env(pid, maps)
+        if not env:
+            # Retitled with nothing readable: the untitled ancestor's launch environment.
+            anc = p["ppid"]
+            while anc in procs and TITLE_RE.match(procs[anc]["argv"][0]):
+                anc = procs[anc]["ppid"]
+            if anc in procs:
+                try:
+                    env = procfs.read_environ(anc, redact=False)
+                    env_src = SRC_ANCESTOR.format(pid=anc) if env else ""
+                except (AccessDenied, ProcessGone):
+                    env = {}
+        config: dict[str, Any] = {
+            "env": {k: {"value": v, "source": env_src} for k, v in _config_env(env).items()},
+        }
+        if info:
+            config["kv_transfer_config"] = info.get("kv_transfer_config")
+            config["kv_transfer_config_source"] = f"cmdline of api-server pid {inst}" if info.get(
+                "kv_transfer_config") is not None else None
+            config["multiproc_method"] = info.get("multiproc_method")
+        if ucx_state and "ucx" in lib_groups:
+            try:
+                config["ucx"] = ucx.read_ucx_config(pid).to_dict()
+            except (LeaktraceError, OSError, ValueError) as e:
+                config["ucx"] = {"error": str(e)}
+        row: dict[str, Any] = {
+            "pid": pid, "ppid": p["ppid"], "comm": p["comm"], "label": label,
+            "title": title, "instance": inst,
+            "role": info.get("role", "unknown") if inst else "unknown",
+            "role_source": info.get("role_source") if inst else None,
+            "port": info.get("port") if inst else None,
+            "model": info.get("model") if inst else None,
+            "cmdline": " ".join(procfs.redact_cmdline(p["argv"]))[:500],
+            "libs": libs, "lib_groups": sorted(lib_groups),
+            "config": config,
+        }
+        if label == "proxy":
+            row["proxy_ports"] = proxy_ports(p["argv"])
+        out.append(row)
+    return out
+
+
+def instances(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group discovered processes by vLLM instance (one per API server)."""
+    by: dict[int, dict[str, Any]] = {}
+    for p in procs:
+        inst = p.get("instance")
+        if inst is None:
+            continue
+        i = by.setdefault(inst, {"instance": inst, "role": p.get("role", "unknown"),
+                                 "role_source": p.get("role_source"), "port": p.get("port"),
+                                 "model": p.get("model"), "pids": [], "processes": []})
+        i["pids"].append(p["pid"])
+        i["processes"].append({"pid": p["pid"], "ppid": p["ppid"], "label": p["label"], "title": p.get("title")})
+        if p["label"] == "api-server" and p["pid"] == inst:
+            i["kv_transfer_config"] = p["config"].get("kv_transfer_config")
+            i["multiproc_method"] = p["config"].get("multiproc_method")
+    return sorted(by.values(), key=lambda i: i["instance"])
+
+
+def vllm_targets() -> list[int]:
+    """Root pids for ``hunt --vllm``: each vLLM instance's top-most process (its API server)."""
+    found = discover(with_metrics=False, ucx_state=False)
+    return sorted({p["instance"] for p in found if p.get("instance") is not None})

@@ -1,0 +1,262 @@
+"""Live view of a running hunt: per-process RSS and recent growth rates, the top growing library (once
+the eBPF probe publishes its ledger), elapsed/remaining time.
+
+On a terminal it is a rich ``Live`` panel on stderr; elsewhere (a pipe, a log file, systemd) it prints
+one plain status line every ``PLAIN_EVERY_S`` seconds through the hunt's logger, so a long hunt in a
+log still shows progress without flooding it.
+
+Inputs are the small figures probes publish in ``HuntContext.live`` (nothing here reads /proc):
+  ``live["rollup"]``  {pid: {"rss", "anon", "uss", ...}} from the watcher, every tick
+                      (``live["watcher"]`` {pid: rss} is used when only that exists);
+  ``live["bpf"]``     {"outstanding_by_library": {lib: bytes}, "outstanding_bytes", "events",
+                      "lost_events"} from the eBPF probe (any key may be missing);
+  ``live["gdb"]``     {"runs", "samples", "paused_s"} from the gdb sampler.
+:class:`RecentRates` is shared with the Prometheus exporter so both show the same figures.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from leaktrace.analysis.growth import theil_sen
+from leaktrace.probes import HuntContext, HuntOptions
+
+MB = 1024 * 1024
+# Rates are robust slopes (Theil–Sen) over the last WINDOW_S seconds of samples: recent enough to
+# follow a leak that starts mid-hunt, long enough that one smaps_rollup spike does not make a rate.
+WINDOW_S = 60.0
+MAX_SAMPLES = 240  # per process; bounds memory and the O(n²) slope on hours-long hunts
+PLAIN_EVERY_S = 10.0
+MAX_ROWS = 12  # processes shown in the panel (the fastest-growing first)
+
+
+def _as_int(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+class RecentRates:
+    """Bounded recent history per process and per library, with robust growth rates (bytes/s)."""
+
+    def __init__(self, window_s: float = WINDOW_S, max_samples: int = MAX_SAMPLES) -> None:
+        self.window_s = window_s
+        self.max_samples = max_samples
+        self._proc: dict[int, deque[tuple[float, int, int]]] = {}
+        self._libs: deque[tuple[float, dict[str, int]]] = deque(maxlen=max_samples)
+        self.latest: dict[int, dict[str, int]] = {}
+        self.bpf: dict[str, Any] = {}
+        self.gdb: dict[str, Any] = {}
+        self.lock = threading.Lock()
+
+    def update(self, live: dict[str, Any], now: float) -> None:
+        rollup = live.get("rollup")
+        if not isinstance(rollup, dict):
+            rollup = {pid: {"rss": rss} for pid, rss in (live.get("watcher") or {}).items()}
+        with self.lock:
+            latest = {}
+            for pid, r in rollup.items():
+                rss, anon = _as_int(r.get("rss")), _as_int(r.get("anon"))
+                latest[int(pid)] = {"rss": rss, "anon": anon}
+                hist = self._proc.setdefault(int(pid), deque(maxlen=self.max_samples))
+                if not hist or hist[-1][0] < now:
+                    hist.append((now, rss, anon))
+            # Processes no longer published have exited: forget them (bounded on churning trees).
+            for pid in [p for p in self._proc if p not in latest]:
+                del self._proc[pid]
+            self.latest = latest
+            bpf = live.get("bpf")
+            self.bpf = dict(bpf) if isinstance(bpf, dict) else {}
+            libs = self.bpf.get("outstanding_by_library")
+            if isinstance(libs, dict):
+                self._libs.append((now, {str(k): _as_int(v) for k, v in libs.items()}))
+            gdb = live.get("gdb")
+            self.gdb = dict(gdb) if isinstance(gdb, dict) else {}
+
+    def _window(self, hist: deque) -> list:
+        if not hist:
+            return []
+        cut = hist[-1][0] - self.window_s
+        return [s for s in hist if s[0] >= cut]
+
+    def process_rates(self) -> dict[int, dict[str, float]]:
+        """{pid: {"rss", "anon", "rss_per_s", "anon_per_s", "span_s"}} over the recent window."""
+        out: dict[int, dict[str, float]] = {}
+        with self.lock:
+            for pid, hist in self._proc.items():
+                w = self._window(hist)
+                t = np.array([s[0] for s in w], dtype=float)
+                rss_s = theil_sen(t, np.array([s[1] for s in w], dtype=float))[0] if len(w) >= 3 else 0.0
+                anon_s = theil_sen(t, np.array([s[2] for s in w], dtype=float))[0] if len(w) >= 3 else 0.0
+                last = w[-1] if w else (0.0, 0, 0)
+                out[pid] = {"rss": last[1], "anon": last[2], "rss_per_s": rss_s, "anon_per_s": anon_s,
+                            "span_s": float(t[-1] - t[0]) if len(t) else 0.0}
+        return out
+
+    def library_growth(self) -> list[tuple[str, int, float]]:
+        """[(library, outstanding bytes, growth bytes/s over the window)], fastest-growing first."""
+        with self.lock:
+            w = self._window(self._libs)
+        if not w:
+            return []
+        (t0, first), (t1, last) = w[0], w[-1]
+        dt = t1 - t0
+        rows = [(lib, b, (b - first.get(lib, 0)) / dt if dt > 0 else 0.0) for lib, b in last.items()]
+        rows.sort(key=lambda r: (-r[2], -r[1]))
+        return rows
+
+
+def _fmt_s(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 3600:d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _mb_min(per_s: float) -> str:
+    return f"{per_s * 60 / MB:+.2f}"
+
+
+class LiveView:
+    """``on_tick(ctx, now)`` for :func:`leaktrace.hunt.run_hunt`. ``mode``: "panel" (rich, stderr),
+    "plain" (a status line through the logger every PLAIN_EVERY_S) or "off"."""
+
+    def __init__(self, mode: str, log: Callable[[str], None], duration: float) -> None:
+        self.mode = mode
+        self.log = log
+        self.duration = duration
+        self.rates = RecentRates()
+        self._live: Any = None
+        self._last_plain = -PLAIN_EVERY_S
+        self._ctx: HuntContext | None = None
+
+    # -- lifecycle (the context manager in live_view() calls these)
+    def open(self) -> None:
+        if self.mode != "panel":
+            return
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(stderr=True, force_terminal=True)
+        self._live = Live(console=console, refresh_per_second=2, transient=False, redirect_stdout=True,
+                          redirect_stderr=True)
+        self._live.start()
+
+    def close(self) -> None:
+        if self._live is not None:
+            try:
+                if self._ctx is not None:
+                    self._live.update(self._panel(self._ctx, self._ctx.session.now()), refresh=True)
+            finally:
+                self._live.stop()
+                self._live = None
+
+    # -- the hunt's callback
+    def __call__(self, ctx: HuntContext, now: float) -> None:
+        if self.mode == "off":
+            return
+        self._ctx = ctx
+        self.rates.update(ctx.live, now)
+        if self.mode == "panel" and self._live is not None:
+            self._live.update(self._panel(ctx, now))
+        elif self.mode == "plain" and now - self._last_plain >= PLAIN_EVERY_S:
+            self._last_plain = now
+            self.log(self.status_line(ctx, now))
+
+    def _times(self, ctx: HuntContext, now: float) -> tuple[float, float]:
+        elapsed = now - float(ctx.session.meta.get("attach_s") or 0.0)
+        return elapsed, max(0.0, self.duration - elapsed)
+
+    def status_line(self, ctx: HuntContext, now: float) -> str:
+        elapsed, remaining = self._times(ctx, now)
+        rates = self.rates.process_rates()
+        total = sum(r["rss"] for r in rates.values())
+        parts = [f"live {_fmt_s(elapsed)} elapsed, {_fmt_s(remaining)} left",
+                 f"{len(rates)} process(es) RSS {total / MB:.1f} MB"]
+        top = sorted(rates.items(), key=lambda kv: -kv[1]["anon_per_s"])[:3]
+        parts += [f"pid {pid} RSS {r['rss'] / MB:.1f} MB anon {_mb_min(r['anon_per_s'])} MB/min"
+                  for pid, r in top]
+        libs = self.rates.library_growth()
+        if libs and libs[0][2] > 0:
+            parts.append(f"top library {libs[0][0]} {_mb_min(libs[0][2])} MB/min")
+        lost = _as_int(self.rates.bpf.get("lost_events"))
+        if lost:
+            parts.append(f"{lost} lost events")
+        return "; ".join(parts)
+
+    def _panel(self, ctx: HuntContext, now: float) -> Any:
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.table import Table
+        from rich.text import Text
+
+        elapsed, remaining = self._times(ctx, now)
+        rates = self.rates.process_rates()
+        table = Table(expand=True, pad_edge=False, box=None)
+        for col, just in (("pid", "right"), ("process", "left"), ("RSS MB", "right"),
+                          ("RSS MB/min", "right"), ("anon MB", "right"), ("anon MB/min", "right")):
+            table.add_column(col, justify=just)  # type: ignore[arg-type]
+        labels = ctx.targets.labels
+        rows = sorted(rates.items(), key=lambda kv: -kv[1]["anon_per_s"])
+        for pid, r in rows[:MAX_ROWS]:
+            style = "bold red" if r["anon_per_s"] * 60 >= MB and r["span_s"] >= 10 else ""
+            table.add_row(str(pid), str(labels.get(pid, "?"))[:32], f"{r['rss'] / MB:.1f}",
+                          _mb_min(r["rss_per_s"]), f"{r['anon'] / MB:.1f}", _mb_min(r["anon_per_s"]),
+                          style=style)
+        if len(rows) > MAX_ROWS:
+            table.add_row("", f"… {len(rows) - MAX_ROWS} more", "", "", "", "")
+        lines = []
+        libs = self.rates.library_growth()
+        if libs:
+            lib, outstanding, growth = libs[0]
+            lines.append(f"top growing library: {lib}  {_mb_min(growth)} MB/min, "
+                         f"{outstanding / MB:.1f} MB outstanding")
+        bpf = self.rates.bpf
+        if bpf:
+            lines.append(f"eBPF ledger: {_as_int(bpf.get('events'))} events, "
+                         f"{_as_int(bpf.get('lost_events'))} lost")
+        gdb = self.rates.gdb
+        if gdb:
+            paused = gdb.get("paused_s")
+            lines.append(f"gdb: {_as_int(gdb.get('samples'))} stack samples"
+                         + (f", target paused {float(paused) * 1000:.0f} ms" if paused is not None else ""))
+        if ctx.warnings:
+            lines.append(f"{len(ctx.warnings)} warning(s); last: {ctx.warnings[-1][:100]}")
+        title = (f"leaktrace hunt — {_fmt_s(elapsed)} elapsed, {_fmt_s(remaining)} left — "
+                 f"rates over the last {int(WINDOW_S)} s")
+        return Panel(Group(table, Text("\n".join(lines), style="dim") if lines else Text("")),
+                     title=title, subtitle=str(ctx.session.path), title_align="left")
+
+
+def choose_mode(options: HuntOptions, stream: Any = None) -> str:
+    """--live: the panel; --no-live: nothing but the usual log lines; default: the panel on a
+    terminal, plain status lines otherwise."""
+    stream = stream if stream is not None else sys.stderr
+    if options.live is True:
+        return "panel"
+    if options.live is False:
+        return "off"
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return "panel" if tty else "plain"
+
+
+@contextmanager
+def live_view(options: HuntOptions, log: Callable[[str], None], quiet: bool = False) -> Iterator[LiveView]:
+    """The on_tick callback for run_hunt, with the terminal restored however the hunt ends."""
+    mode = "off" if quiet else choose_mode(options)
+    view = LiveView(mode, log, options.duration)
+    view.open()
+    try:
+        yield view
+    finally:
+        view.close()
+

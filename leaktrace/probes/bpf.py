@@ -1,0 +1,469 @@
+"""The eBPF probe: every mmap/munmap/mremap/brk of the target process tree, an exact outstanding ledger.
+
+Kernel half: bpf/leaktrace.bpf.c (see its header comment). It settles plain mmap + exact munmap/mremap
+pairs in an address-keyed map and hands the rest to user space as slow-path events. This probe
+drains those events every 50 ms, applies them in order to the interval ledger (probes/ledger.py),
+moving kernel-owned regions into the ledger when a slow event touches them ("absorbing" them, in
+timestamp order so a region born after an unmap is never blamed on it), and once per tick writes
+per-library totals over both halves.
+
+Session tables written (``t`` = seconds since hunt start, as every table):
+
+``bpf_events``       one row per slow-path event: t, type (mmap|munmap|mremap|brk|fork|exec|exit|libmap),
+                     pid, tid, addr, len, new_addr, new_len, flags, prot, site, stack_key, result, child
+``bpf_stacks``       one row per call site: stack_key ("PID:0xRETADDR"), pid, site, stack_id, library,
+                     symbol (the site frame as text), frames ("\\n"-joined, innermost first: the syscall
+                     instruction, the caller at the return address, then the frame-pointer walk)
+``ledger_snapshots`` per tick and (pid, library, kind): t, pid, library, kind (anon|file|heap),
+                     outstanding_bytes, regions. Pre-existing mappings are not included.
+``ledger_regions``   at stop, every outstanding region: pid, start, end, size, library, kind,
+                     stack_key, preexisting, t_born (NaN for pre-existing), path
+``bpf_counters``     per tick: t, syscalls, fast_maps, settled, slow_events, lost_events, map_full,
+                     stacks, failed, ring_pending, kernel_regions, header_kind
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import math
+import os
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+from leaktrace.errors import BpfUnavailable, LeaktraceError
+from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes.ledger import MapEntry, Origin, OutstandingLedger, Symbolizer
+
+# ---- mirror of bpf/leaktrace.h (the only copy in Python)
+EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP = range(1, 9)
+EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
+               EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap"}
+COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
+MREMAP_DONTUNMAP = 4
+ANON_FD = 0xFFFFFFFF
+
+
+class RegionKey(ct.Structure):
+    _fields_ = [("tgid", ct.c_uint32), ("pad", ct.c_uint32), ("start", ct.c_uint64)]
+
+
+class Region(ct.Structure):
+    _fields_ = [("len", ct.c_uint64), ("seq", ct.c_uint64), ("site", ct.c_uint64), ("ip", ct.c_uint64),
+                ("stack_id", ct.c_int64), ("tid", ct.c_uint32), ("prot", ct.c_uint32),
+                ("flags", ct.c_uint32), ("fd", ct.c_uint32)]
+
+
+class Event(ct.Structure):
+    _fields_ = [("seq", ct.c_uint64), ("type", ct.c_uint32), ("tgid", ct.c_uint32), ("tid", ct.c_uint32),
+                ("aux_pid", ct.c_uint32), ("addr", ct.c_uint64), ("len", ct.c_uint64),
+                ("new_addr", ct.c_uint64), ("new_len", ct.c_uint64), ("flags", ct.c_uint64),
+                ("prot", ct.c_uint64), ("fd", ct.c_uint64), ("site", ct.c_uint64), ("ip", ct.c_uint64),
+                ("stack_id", ct.c_int64), ("result", ct.c_int64)]
+
+
+def _i64(x: int) -> int:
+    """Parquet columns are int64: store u64 words (a garbage return address, fd -1) as their signed bits."""
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def _read_maps(pid: int) -> list[MapEntry] | None:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            text = f.read()
+    except OSError:
+        return None
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        a, b = parts[0].split("-")
+        out.append(MapEntry(int(a, 16), int(b, 16), int(parts[2], 16), parts[1],
+                            parts[5].strip() if len(parts) > 5 else ""))
+    return out
+
+
+def _start_brk(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[47 - 3])  # field 47 (start_brk), counting from after "pid (comm)"
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _is_process(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1]) == pid
+    except OSError:
+        return False
+    return False
+
+
+class BpfProbe:
+    name = "bpf"
+
+    def __init__(self, options: HuntOptions | None = None, poll_interval: float = 0.05,
+                 defines: dict[str, int] | None = None) -> None:
+        # BPF is on by default but optional: unavailable, the hunt warns and goes on with the watcher,
+        # unless the user asked for it explicitly (options.extra["bpf_required"]).
+        self.required = bool(options is not None and options.extra.get("bpf_required"))
+        self.poll_interval = poll_interval
+        self.defines = {"LT_RING_PAGES": 2048, **(defines or {})}
+        self.ledger = OutstandingLedger()
+        self.symbols = Symbolizer()
+        self.lock = threading.RLock()
+        self.prog: Any = None
+        self.header_kind = ""
+        self.ctx: HuntContext | None = None
+        self._queue: list[Event] = []
+        self._known: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._site_lib: dict[tuple[int, int, int, int], str] = {}
+        self._stacks: dict[tuple[int, int], int] = {}  # (pid, site) -> stack_id
+        self._seen_kernel: set[tuple[int, int, int]] = set()
+        self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._lib = None
+        self._maps_refreshed: dict[int, float] = {}
+        self.attach_s: float | None = None
+        self.error: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, ctx: HuntContext) -> None:
+        from leaktrace import bccload
+
+        self.ctx = ctx
+        t0 = time.monotonic()
+        self.prog, choice = bccload.load_program(defines=self.defines)
+        self.header_kind = choice.kind
+        self._lib = bccload.import_bcc().libbcc.lib
+        try:
+            self.prog[b"events"].open_ring_buffer(self._on_event)
+        except Exception as e:  # noqa: BLE001
+            self.prog.cleanup()
+            raise BpfUnavailable(f"cannot open the BPF ring buffer: {e}") from e
+        for pid in ctx.targets.live():
+            self._add_target(pid)
+        self.attach_s = time.monotonic() - t0
+        ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers, "
+                f"attached in {self.attach_s:.2f}s")
+        self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
+        self._thread.start()
+
+    def add_pid(self, pid: int) -> None:
+        with self.lock:
+            self._add_target(pid)
+
+    def _add_target(self, pid: int) -> None:
+        if pid in self._known:
+            return
+        self._known.add(pid)
+        self.prog[b"targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        self._seed(pid)
+
+    def _seed(self, pid: int) -> None:
+        maps = _read_maps(pid)
+        if maps is None:
+            return
+        self.symbols.set_maps(pid, maps)
+        self._maps_refreshed[pid] = time.monotonic()
+        # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
+        self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
+                         t=time.monotonic_ns())
+
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            try:
+                with self.lock:
+                    self._drain()
+            except Exception as e:  # noqa: BLE001 - never kill the hunt from the poll thread
+                self.error = f"{type(e).__name__}: {e}"
+                if self.ctx:
+                    self.ctx.warn(f"bpf: event processing failed: {self.error}")
+                return
+
+    def tick(self, now: float) -> None:
+        with self.lock:
+            if self.ctx is not None:
+                for pid in self.ctx.targets.live():
+                    self._add_target(pid)
+            self._drain()
+            self._snapshot()
+
+    def stop(self) -> None:
+        if self.prog is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self.lock:
+            try:
+                self._drain()
+                self._snapshot()
+                self._write_final()
+            finally:
+                self.prog.cleanup()
+                self.prog = None
+
+    def summary(self) -> dict[str, Any]:
+        tot = self.ledger_totals()
+        return {"events": self._counters["syscalls"], "lost_events": self._counters["lost_events"],
+                "outstanding_bytes": tot, "slow_events": self._counters["slow_events"],
+                "settled_in_kernel": self._counters["settled"], "headers": self.header_kind,
+                "attach_s": self.attach_s, "error": self.error}
+
+    # ------------------------------------------------------------------ events
+    def _on_event(self, _ctx: Any, data: Any, size: int) -> None:
+        self._queue.append(Event.from_buffer_copy(ct.string_at(data, ct.sizeof(Event))))
+
+    def _kernel_regions(self) -> dict[int, list[tuple[int, int, int, Region]]]:
+        """Kernel-owned regions per tgid: sorted (start, end, seq, value)."""
+        out: dict[int, list[tuple[int, int, int, Region]]] = defaultdict(list)
+        table = self.prog[b"regions"]
+        try:
+            items = list(table.items_lookup_batch())
+        except Exception:  # noqa: BLE001 - batch ops missing (old kernels): slower walk
+            items = list(table.items())
+        for k, v in items:
+            out[k.tgid].append((k.start, k.start + v.len, v.seq, v))
+        for lst in out.values():
+            lst.sort(key=lambda r: r[0])
+        return out
+
+    def _take(self, tgid: int, start: int) -> Region | None:
+        """Atomically remove one kernel region (BPF_MAP_LOOKUP_AND_DELETE_ELEM)."""
+        key = RegionKey(tgid, 0, start)
+        val = Region()
+        rc = self._lib.bpf_lookup_and_delete(self.prog[b"regions"].map_fd, ct.byref(key), ct.byref(val))
+        return val if rc == 0 else None
+
+    def _put_back(self, tgid: int, start: int, val: Region) -> None:
+        self.prog[b"regions"][RegionKey(tgid, 0, start)] = val
+
+    @staticmethod
+    def _origin_of(v: Region | Event, kind: str | None = None) -> Origin:
+        if kind is None:
+            kind = "anon" if (v.fd & 0xFFFFFFFF) == ANON_FD else "file"
+        return Origin(kind, t_born=v.seq, site=v.site, ip=v.ip, stack_id=v.stack_id, tid=v.tid)
+
+    def _absorb(self, kmap: dict[int, list[tuple[int, int, int, Region]]], tgid: int, a: int, b: int,
+                seq: int, taken: set[tuple[int, int]]) -> None:
+        """Move kernel regions of ``tgid`` overlapping [a, b) and born before ``seq`` into the ledger."""
+        for start, end, rseq, _v in kmap.get(tgid, ()):
+            if start >= b:
+                break
+            if end <= a or rseq >= seq or (tgid, start) in taken:
+                continue
+            val = self._take(tgid, start)
+            if val is None:  # settled in the kernel meanwhile: nothing to absorb
+                taken.add((tgid, start))
+                continue
+            if val.seq >= seq:  # a newer region at the same address: not ours to touch
+                self._put_back(tgid, start, val)
+                continue
+            taken.add((tgid, start))
+            self.ledger.mmap(tgid, start, val.len, self._origin_of(val))
+
+    def _drop_kernel(self, kmap: dict[int, list[tuple[int, int, int, Region]]], tgid: int, seq: int,
+                     taken: set[tuple[int, int]]) -> None:
+        for start, _end, rseq, _v in kmap.get(tgid, ()):
+            if rseq < seq and (tgid, start) not in taken:
+                val = self._take(tgid, start)
+                taken.add((tgid, start))
+                if val is not None and val.seq >= seq:
+                    self._put_back(tgid, start, val)
+
+    def _drain(self) -> None:
+        if self.prog is None:
+            return
+        self.prog.ring_buffer_consume()
+        if not self._queue:
+            return
+        batch, self._queue = self._queue, []
+        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_EXEC, EV_EXIT) for e in batch)
+        kmap = self._kernel_regions() if needs_kernel else {}
+        taken: set[tuple[int, int]] = set()
+        rows = []
+        for e in batch:
+            self._apply(e, kmap, taken)
+            rows.append(self._event_row(e))
+        if self.ctx is not None:
+            self.ctx.session.append("bpf_events", rows)
+
+    def _apply(self, e: Event, kmap: dict, taken: set) -> None:
+        pid = e.tgid
+        if e.type == EV_MMAP:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e, "anon" if e.fd == (1 << 64) - 1 else "file"))
+            if e.fd != (1 << 64) - 1 and e.prot & 4:
+                self._refresh_maps(pid, force=True)
+        elif e.type == EV_MUNMAP:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.ledger.munmap(pid, e.addr, e.len)
+        elif e.type == EV_MREMAP:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self._absorb(kmap, pid, e.new_addr, e.new_addr + e.new_len, e.seq, taken)
+            self.ledger.mremap(pid, e.addr, e.len, e.new_addr, e.new_len,
+                               dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._origin_of(e, "anon"))
+        elif e.type == EV_BRK:
+            self.ledger.brk(pid, e.addr, self._origin_of(e, "heap"))
+        elif e.type == EV_FORK:
+            child = e.aux_pid
+            if _is_process(child):
+                self.symbols.copy_maps(pid, child)
+                self._known.add(child)
+                self._seed(child)
+                if self.ctx is not None:
+                    with self.ctx.targets.lock:
+                        self.ctx.targets.pids.setdefault(child, pid)
+        elif e.type == EV_EXEC:
+            self._drop_kernel(kmap, pid, e.seq, taken)
+            self.ledger.exec(pid)
+            self.symbols.forget(pid)
+            self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
+            self._seed(pid)
+        elif e.type == EV_EXIT:
+            self._drop_kernel(kmap, pid, e.seq, taken)
+            self.ledger.exit(pid, e.seq)
+            self._known.discard(pid)
+        elif e.type == EV_LIBMAP:
+            self._refresh_maps(pid, force=True)
+
+    def _refresh_maps(self, pid: int, force: bool = False) -> None:
+        last = self._maps_refreshed.get(pid, 0.0)
+        if not force and time.monotonic() - last < 1.0:
+            return
+        maps = _read_maps(pid)
+        if maps is not None:
+            self.symbols.set_maps(pid, maps)
+            self._maps_refreshed[pid] = time.monotonic()
+
+    def _t(self, seq_ns: int) -> float:
+        if self.ctx is None:
+            return seq_ns / 1e9
+        return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
+
+    def _event_row(self, e: Event) -> dict[str, Any]:
+        has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP)
+        return {"t": self._t(e.seq), "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
+                "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
+                "new_len": _i64(e.new_len), "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd),
+                "site": _i64(e.site), "stack_key": f"{e.tgid}:{e.site:#x}" if has_site else "",
+                "result": e.result, "child": e.aux_pid}
+
+    # ------------------------------------------------------------------ snapshots
+    def _library(self, pid: int, o: Origin) -> str:
+        if o.preexisting:
+            return os.path.basename(o.path) if o.path else "(pre-existing)"
+        key = (pid, self.ledger.execs.get(pid, 0), o.site, o.ip)
+        lib = self._site_lib.get(key)
+        if lib is None:
+            if not (self.symbols.knows(pid, o.site) or self.symbols.knows(pid, o.ip)):
+                self._refresh_maps(pid)
+            lib = self.symbols.library_of(pid, o.site, o.ip)
+            if lib != "?" or not os.path.exists(f"/proc/{pid}"):
+                self._site_lib[key] = lib
+            if o.stack_id >= 0:
+                self._stacks.setdefault((pid, o.site), o.stack_id)
+        return lib
+
+    def _read_counters(self) -> None:
+        table = self.prog[b"counters"]
+        for i, name in enumerate(COUNTERS):
+            self._counters[name] = int(sum(table[ct.c_int(i)]))
+
+    def _outstanding(self) -> list[tuple[int, int, int, str, Origin, bool]]:
+        """Every outstanding region, both halves: (pid, start, end, kind, origin, kernel_owned)."""
+        kmap = self._kernel_regions()
+        out = []
+        seen = set()
+        for tgid, regs in kmap.items():
+            sp = self.ledger.space(tgid)
+            for start, end, seq, v in regs:
+                seen.add((tgid, start, seq))
+                if (tgid, start, seq) not in self._seen_kernel:
+                    # A region the kernel saw born after whatever the ledger holds there (a seed taken
+                    # after attach, or a stale piece): the kernel's is the truth.
+                    sp.remove(start, end)
+                o = self._origin_of(v)
+                out.append((tgid, start, end, o.kind, o, True))
+        self._seen_kernel = seen
+        for pid, sp in self.ledger.spaces.items():
+            for iv in sp:
+                out.append((pid, iv.start, iv.end, iv.origin.kind, iv.origin, False))
+        return out
+
+    def _snapshot(self) -> None:
+        if self.prog is None or self.ctx is None:
+            return
+        self._read_counters()
+        t = self.ctx.session.now()
+        groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for pid, start, end, kind, o, _k in self._outstanding():
+            if o.preexisting:
+                continue
+            g = groups[(pid, self._library(pid, o), kind)]
+            g[0] += end - start
+            g[1] += 1
+        rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
+                for (pid, lib, kind), (b, n) in sorted(groups.items())]
+        self.ctx.session.append("ledger_snapshots", rows)
+        total = sum(r["outstanding_bytes"] for r in rows)
+        self.ctx.session.append("bpf_counters", {"t": t, **self._counters, "ring_pending": len(self._queue),
+                                                 "kernel_regions": len(self._seen_kernel),
+                                                 "header_kind": self.header_kind})
+        self.ctx.live["bpf"] = {"outstanding_bytes": total, "events": self._counters["syscalls"],
+                                "lost_events": self._counters["lost_events"]}
+
+    def ledger_totals(self) -> int:
+        live = self.ctx.live.get("bpf", {}) if self.ctx else {}
+        return int(live.get("outstanding_bytes", 0))
+
+    def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:
+        frames: list[str] = []
+        if ip:
+            frames.append(str(self.symbols.frame(pid, ip)))
+        if site:
+            frames.append(str(self.symbols.frame(pid, site)))
+        if stack_id >= 0 and self.prog is not None:
+            try:
+                addrs = list(self.prog[b"stacks"].walk(stack_id))
+            except (KeyError, LeaktraceError, Exception):  # noqa: BLE001 - evicted stack id
+                addrs = []
+            for a in addrs[1:]:  # [0] is the syscall instruction itself
+                if a == site:
+                    continue
+                frames.append(str(self.symbols.frame(pid, a)))
+        return frames
+
+    def _write_final(self) -> None:
+        if self.ctx is None:
+            return
+        t0 = self.ctx.session.meta["t0_monotonic"]
+        region_rows = []
+        stack_origin: dict[tuple[int, int], Origin] = {}
+        for pid, start, end, kind, o, _k in self._outstanding():
+            lib = self._library(pid, o)
+            key = f"{pid}:{o.site:#x}" if not o.preexisting else ""
+            if not o.preexisting:
+                stack_origin.setdefault((pid, o.site), o)
+            region_rows.append({"pid": pid, "start": start, "end": end, "size": end - start, "library": lib,
+                                "kind": kind, "stack_key": key, "preexisting": o.preexisting,
+                                "t_born": math.nan if o.preexisting else o.t_born / 1e9 - t0,
+                                "path": o.path})
+        self.ctx.session.append("ledger_regions", region_rows)
+        stack_rows = []
+        for (pid, site), o in stack_origin.items():
+            frames = self.stack_frames(pid, site, o.ip, o.stack_id)
+            stack_rows.append({"stack_key": f"{pid}:{site:#x}", "pid": pid, "site": _i64(site), "stack_id": o.stack_id,
+                               "library": self._library(pid, o),
+                               "symbol": str(self.symbols.frame(pid, site)) if site else "",
+                               "frames": "\n".join(frames)})
+        self.ctx.session.append("bpf_stacks", stack_rows)
+

@@ -1,0 +1,155 @@
+"""Prometheus exporter: ``hunt --prometheus-port PORT`` serves leaktrace's own figures so Grafana can
+chart a long hunt.
+
+Served on 127.0.0.1 unless ``--prometheus-addr`` says otherwise (the figures name processes and
+libraries of the host: not for the open network by default). A custom registry holds one collector
+that renders the latest snapshot taken at the hunt's tick, so a scrape never touches /proc or the
+probes, and processes that exited simply stop appearing.
+
+Metrics (all prefixed ``leaktrace_``):
+  hunt_elapsed_seconds, hunt_remaining_seconds, targets                           gauges
+  process_rss_bytes{pid,process}, process_anon_bytes{pid,process}                 gauges
+  process_rss_growth_bytes_per_second, process_anon_growth_bytes_per_second       gauges, robust slope
+                                                                                  over the last minute
+  ledger_outstanding_bytes{library}, ledger_outstanding_total_bytes               gauges (eBPF ledger)
+  ledger_events_total, ledger_lost_events_total                                   counters (eBPF)
+  gdb_pause_seconds_total, gdb_samples_total                                      counters (gdb sampler)
+  warnings_total                                                                  counter
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from typing import Any
+
+from leaktrace.errors import UsageError
+from leaktrace.live import RecentRates
+from leaktrace.probes import HuntContext
+
+DEFAULT_ADDR = "127.0.0.1"
+
+
+class PortUnavailable(UsageError):
+    default_remedy = "choose another --prometheus-port (or stop what listens there)"
+
+
+class _SnapshotCollector:
+    """Renders the exporter's latest snapshot (taken under a lock at each tick)."""
+
+    def __init__(self, exporter: PrometheusExporter) -> None:
+        self.exporter = exporter
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snap = self.exporter.snapshot()
+        g = GaugeMetricFamily
+        yield g("leaktrace_hunt_elapsed_seconds", "Seconds since all probes attached.", value=snap["elapsed"])
+        yield g("leaktrace_hunt_remaining_seconds", "Seconds until the hunt's deadline.", value=snap["remaining"])
+        yield g("leaktrace_targets", "Processes of the target trees alive now.", value=len(snap["procs"]))
+        metrics = {
+            "rss": g("leaktrace_process_rss_bytes", "Resident set size (smaps_rollup).",
+                     labels=["pid", "process"]),
+            "anon": g("leaktrace_process_anon_bytes", "Anonymous resident memory (smaps_rollup).",
+                      labels=["pid", "process"]),
+            "rss_per_s": g("leaktrace_process_rss_growth_bytes_per_second",
+                           "Robust (Theil-Sen) RSS slope over the last minute.", labels=["pid", "process"]),
+            "anon_per_s": g("leaktrace_process_anon_growth_bytes_per_second",
+                            "Robust (Theil-Sen) anonymous-memory slope over the last minute.",
+                            labels=["pid", "process"]),
+        }
+        for pid, r in snap["procs"].items():
+            labels = [str(pid), snap["labels"].get(pid, "?")]
+            for key, fam in metrics.items():
+                fam.add_metric(labels, float(r[key]))
+        yield from metrics.values()
+        bpf = snap["bpf"]
+        if bpf:
+            lib = g("leaktrace_ledger_outstanding_bytes",
+                    "Bytes mapped during the hunt and not unmapped, by the library that mapped them.",
+                    labels=["library"])
+            for name, b in (bpf.get("outstanding_by_library") or {}).items():
+                lib.add_metric([str(name)], float(b))
+            yield lib
+            if bpf.get("outstanding_bytes") is not None:
+                yield g("leaktrace_ledger_outstanding_total_bytes", "Outstanding bytes in the eBPF ledger.",
+                        value=float(bpf["outstanding_bytes"]))
+            yield CounterMetricFamily("leaktrace_ledger_events", "Traced memory syscalls of the target set.",
+                                      value=float(bpf.get("events") or 0))
+            yield CounterMetricFamily("leaktrace_ledger_lost_events",
+                                      "Events the kernel could not hand over (ledger inexact by these).",
+                                      value=float(bpf.get("lost_events") or 0))
+        gdb = snap["gdb"]
+        if gdb:
+            yield CounterMetricFamily("leaktrace_gdb_pause_seconds", "Time the gdb sampler kept targets stopped.",
+                                      value=float(gdb.get("paused_s") or 0.0))
+            yield CounterMetricFamily("leaktrace_gdb_samples", "Stacks sampled by gdb.",
+                                      value=float(gdb.get("samples") or 0))
+        yield CounterMetricFamily("leaktrace_warnings", "Warnings raised by the hunt.", value=snap["warnings"])
+
+
+class PrometheusExporter:
+    name = "exporter"
+    # The user asked for the endpoint: a port that cannot be bound stops the hunt with one line rather
+    # than a warning scrolled away at the start of an hours-long hunt.
+    required = True
+
+    def __init__(self, options: Any) -> None:
+        self.port = int(options.prometheus_port)
+        self.addr = (getattr(options, "extra", None) or {}).get("prometheus_addr") or DEFAULT_ADDR
+        self.duration = float(getattr(options, "duration", 0.0))
+        self.rates = RecentRates()
+        self.ctx: HuntContext | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._snap: dict[str, Any] = {"elapsed": 0.0, "remaining": self.duration, "procs": {}, "labels": {},
+                                      "bpf": {}, "gdb": {}, "warnings": 0}
+        self.scrapes = 0
+
+    def start(self, ctx: HuntContext) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        self.ctx = ctx
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_SnapshotCollector(self))  # type: ignore[arg-type]
+        try:
+            self._server, self._thread = start_http_server(self.port, addr=self.addr, registry=self.registry)
+        except OSError as e:
+            why = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+            raise PortUnavailable(f"cannot serve Prometheus metrics on {self.addr}:{self.port}: {why}") from e
+        self.port = self._server.server_port  # port 0 asks the kernel for a free one
+        ctx.session.update_meta(prometheus={"addr": self.addr, "port": self.port})
+        ctx.log(f"Prometheus metrics on http://{self.addr}:{self.port}/metrics")
+        self.tick(ctx.session.now())
+
+    def tick(self, now: float) -> None:
+        assert self.ctx is not None
+        ctx = self.ctx
+        self.rates.update(ctx.live, now)
+        elapsed = now - float(ctx.session.meta.get("attach_s") or now)
+        with ctx.targets.lock:
+            labels = dict(ctx.targets.labels)
+        snap = {"elapsed": max(0.0, elapsed), "remaining": max(0.0, self.duration - elapsed),
+                "procs": self.rates.process_rates(), "labels": {int(k): str(v) for k, v in labels.items()},
+                "bpf": self.rates.bpf, "gdb": self.rates.gdb, "warnings": len(ctx.warnings)}
+        with self._lock:
+            self._snap = snap
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            self.scrapes += 1
+            return self._snap
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"addr": self.addr, "port": self.port, "scrapes": self.scrapes}

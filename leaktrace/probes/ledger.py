@@ -1,0 +1,391 @@
+"""The user-space half of the BPF ledger: outstanding mappings per address space, and symbolization.
+
+:class:`OutstandingLedger` keeps, per process, a sorted set of disjoint intervals, each pointing at
+the :class:`Origin` that created it (call site, stack, time, pre-existing or not). It applies what
+the kernel could not settle by one key lookup: partial unmaps (head, tail, middle), unmaps spanning
+regions, mremap grow/shrink/move, MAP_FIXED overlays, brk moves, exec and exit. It is pure Python
+over integers, so it is unit-tested without a kernel (tests/test_ledger.py).
+
+:class:`Symbolizer` turns user addresses into ``library!symbol+0xoff`` from copies of
+/proc/PID/maps kept per process (so it still works after the process exited) and the ELF symbol
+tables of the mapped files (read with a small reader here: no pyelftools on the target machines).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+PAGE = 4096
+
+
+def page_up(n: int) -> int:
+    return (n + PAGE - 1) & ~(PAGE - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Who created a piece of address space. Shared by all the pieces a region is later split into."""
+
+    kind: str  # "anon" | "file" | "heap" | "preexisting"
+    t_born: int = 0  # ns, CLOCK_MONOTONIC (the BPF seq)
+    site: int = 0  # caller's return address at the syscall
+    ip: int = 0  # syscall instruction address
+    stack_id: int = -1
+    tid: int = 0
+    path: str = ""  # pre-existing mappings: the path /proc/PID/maps showed
+
+    @property
+    def preexisting(self) -> bool:
+        return self.kind == "preexisting"
+
+
+@dataclass(slots=True)
+class Interval:
+    start: int
+    end: int
+    origin: Origin
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+class AddressSpace:
+    """Disjoint intervals sorted by start."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ivs: list[Interval] = []
+        self.heap_start: int | None = None
+        self.heap_end: int | None = None  # page-aligned end of [heap]
+
+    def __iter__(self) -> Iterator[Interval]:
+        return iter(self._ivs)
+
+    def __len__(self) -> int:
+        return len(self._ivs)
+
+    def _first_overlap(self, a: int) -> int:
+        i = bisect.bisect_right(self._starts, a) - 1
+        if i >= 0 and self._ivs[i].end > a:
+            return i
+        return i + 1
+
+    def overlapping(self, a: int, b: int) -> list[Interval]:
+        i = self._first_overlap(a)
+        out = []
+        while i < len(self._ivs) and self._ivs[i].start < b:
+            out.append(self._ivs[i])
+            i += 1
+        return out
+
+    def remove(self, a: int, b: int) -> list[Interval]:
+        """Unmap [a, b): cut every interval there, keeping what lies outside. Returns the removed pieces."""
+        if b <= a:
+            return []
+        i = self._first_overlap(a)
+        j = i
+        removed: list[Interval] = []
+        keep: list[Interval] = []
+        while j < len(self._ivs) and self._ivs[j].start < b:
+            iv = self._ivs[j]
+            if iv.start < a:
+                keep.append(Interval(iv.start, a, iv.origin))
+            removed.append(Interval(max(iv.start, a), min(iv.end, b), iv.origin))
+            if iv.end > b:
+                keep.append(Interval(b, iv.end, iv.origin))
+            j += 1
+        if j > i:
+            self._ivs[i:j] = keep
+            self._starts[i:j] = [k.start for k in keep]
+        return removed
+
+    def insert(self, a: int, b: int, origin: Origin) -> None:
+        """Map [a, b): whatever was there is replaced (MAP_FIXED semantics)."""
+        if b <= a:
+            return
+        self.remove(a, b)
+        i = bisect.bisect_left(self._starts, a)
+        self._starts.insert(i, a)
+        self._ivs.insert(i, Interval(a, b, origin))
+
+    def clear(self) -> None:
+        self._starts.clear()
+        self._ivs.clear()
+        self.heap_start = self.heap_end = None
+
+
+@dataclass
+class LedgerTotals:
+    outstanding_bytes: int = 0
+    regions: int = 0
+
+
+class OutstandingLedger:
+    """Outstanding mappings of every traced process (pid = tgid: one address space per process)."""
+
+    def __init__(self) -> None:
+        self.spaces: dict[int, AddressSpace] = {}
+        self.exited: dict[int, int] = {}  # pid -> seq of exit
+        self.execs: dict[int, int] = {}  # pid -> number of execs seen (symbol caches key on it)
+
+    def space(self, pid: int) -> AddressSpace:
+        sp = self.spaces.get(pid)
+        if sp is None:
+            sp = self.spaces[pid] = AddressSpace()
+        return sp
+
+    # -- seeding
+    def seed(self, pid: int, mappings: Iterable[tuple[int, int, str]], heap_start: int | None = None,
+             t: int = 0) -> None:
+        """Mappings that existed before tracing began: (start, end, path) from /proc/PID/maps.
+        They are accounted, marked pre-existing, and never blamed."""
+        sp = self.space(pid)
+        for start, end, path in mappings:
+            sp.insert(start, end, Origin("preexisting", t_born=t, path=path))
+            if path == "[heap]":
+                sp.heap_start = heap_start if heap_start is not None else start
+                sp.heap_end = end
+        if sp.heap_start is None and heap_start:
+            sp.heap_start = sp.heap_end = heap_start
+
+    # -- syscalls
+    def mmap(self, pid: int, start: int, length: int, origin: Origin) -> None:
+        self.space(pid).insert(start, start + page_up(length), origin)
+
+    def munmap(self, pid: int, start: int, length: int) -> list[Interval]:
+        return self.space(pid).remove(start, start + page_up(length))
+
+    def mremap(self, pid: int, old: int, old_len: int, new: int, new_len: int, dontunmap: bool = False,
+               origin: Origin | None = None) -> None:
+        """Move/resize [old, old+old_len) to [new, new+new_len). Pieces keep their origin; growth is
+        attributed to the origin of the region's last piece (the mapping that grew), else ``origin``."""
+        sp = self.space(pid)
+        old_len, new_len = page_up(old_len), page_up(new_len)
+        if dontunmap:
+            pieces = [Interval(max(iv.start, old), min(iv.end, old + old_len), iv.origin)
+                      for iv in sp.overlapping(old, old + old_len)]
+        else:
+            pieces = sp.remove(old, old + old_len)
+        sp.remove(new, new + new_len)
+        delta = new - old
+        for p in pieces:
+            a, b = p.start + delta, min(p.end + delta, new + new_len)
+            if b > a:
+                sp.insert(a, b, p.origin)
+        if new_len > old_len:
+            grow_origin = pieces[-1].origin if pieces else origin
+            if grow_origin is not None:
+                sp.insert(new + old_len, new + new_len, grow_origin)
+
+    def brk(self, pid: int, new_brk: int, origin: Origin) -> None:
+        sp = self.space(pid)
+        new_end = page_up(new_brk)
+        if sp.heap_start is None:
+            # First sight of the break with no [heap] known: the heap starts (empty) here.
+            sp.heap_start = sp.heap_end = new_end
+            return
+        cur = sp.heap_end if sp.heap_end is not None else sp.heap_start
+        new_end = max(new_end, sp.heap_start)
+        if new_end > cur:
+            sp.insert(cur, new_end, origin)
+        elif new_end < cur:
+            sp.remove(new_end, cur)
+        sp.heap_end = new_end
+
+    def exec(self, pid: int) -> None:
+        """The address space was replaced: everything before is gone."""
+        self.space(pid).clear()
+        self.execs[pid] = self.execs.get(pid, 0) + 1
+
+    def exit(self, pid: int, seq: int = 0) -> None:
+        """The process is gone: all its mappings are released."""
+        sp = self.spaces.pop(pid, None)
+        if sp is not None:
+            sp.clear()
+        self.exited[pid] = seq
+
+    # -- queries
+    def intervals(self, pid: int) -> list[Interval]:
+        sp = self.spaces.get(pid)
+        return list(sp) if sp else []
+
+    def totals(self, pid: int | None = None, include_preexisting: bool = False) -> LedgerTotals:
+        tot = LedgerTotals()
+        for p, sp in self.spaces.items():
+            if pid is not None and p != pid:
+                continue
+            for iv in sp:
+                if iv.origin.preexisting and not include_preexisting:
+                    continue
+                tot.outstanding_bytes += iv.size
+                tot.regions += 1
+        return tot
+
+
+# ----------------------------------------------------------------------------- symbolization
+
+@dataclass(frozen=True, slots=True)
+class MapEntry:
+    start: int
+    end: int
+    offset: int
+    perms: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    addr: int
+    library: str  # file name as mapped ("libfoo.so"), "[anon]", or "?"
+    symbol: str  # "" when unknown (stripped)
+    offset: int  # from the symbol, or from the file start when no symbol
+
+    def __str__(self) -> str:
+        if self.symbol:
+            return f"{self.library}!{self.symbol}+{self.offset:#x}"
+        if self.library in ("?", "[anon]"):
+            return f"{self.library}@{self.addr:#x}"
+        return f"{self.library}+{self.offset:#x}"
+
+
+@dataclass
+class ElfSymbols:
+    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (p_offset, p_vaddr, p_filesz)
+    addrs: list[int] = field(default_factory=list)
+    syms: list[tuple[int, int, str]] = field(default_factory=list)  # (value, size, name), sorted
+
+    def file_offset_to_vaddr(self, off: int) -> int:
+        for p_off, p_vaddr, p_filesz in self.loads:
+            if p_off <= off < p_off + max(p_filesz, 1):
+                return off - p_off + p_vaddr
+        return off
+
+    def lookup(self, vaddr: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self.addrs, vaddr) - 1
+        if i < 0:
+            return None
+        value, size, name = self.syms[i]
+        if size and vaddr >= value + size:
+            return None
+        return name, vaddr - value
+
+
+def read_elf_symbols(path: str) -> ElfSymbols:
+    """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF."""
+    out = ElfSymbols()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return out
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return out
+    try:
+        e_phoff, e_shoff = struct.unpack_from("<QQ", data, 0x20)
+        e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from("<HHHH", data, 0x36)
+        for i in range(e_phnum):
+            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+                "<IIQQQQ", data, e_phoff + i * e_phentsize)
+            if p_type == 1:
+                out.loads.append((p_offset, p_vaddr, p_filesz))
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+        syms: dict[int, tuple[int, int, str]] = {}
+        for _name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize in sections:
+            if sh_type not in (2, 11) or not sh_entsize:  # SHT_SYMTAB, SHT_DYNSYM
+                continue
+            str_off = sections[sh_link][4]
+            for k in range(sh_size // sh_entsize):
+                st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
+                    "<IBBHQQ", data, sh_offset + k * sh_entsize)
+                if (st_info & 0xF) != 2 or st_shndx == 0 or st_value == 0:  # FUNC, defined
+                    continue
+                end = data.index(b"\0", str_off + st_name)
+                name = data[str_off + st_name:end].decode("utf-8", "replace")
+                if st_value not in syms or (syms[st_value][1] == 0 and st_size):
+                    syms[st_value] = (st_value, st_size, name)
+        out.syms = sorted(syms.values())
+        out.addrs = [s[0] for s in out.syms]
+    except (struct.error, IndexError, ValueError):
+        return out
+    return out
+
+
+class Symbolizer:
+    """Addresses → frames, per process, from kept copies of /proc/PID/maps."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, list[MapEntry]] = {}
+        self._starts: dict[int, list[int]] = {}
+        self._elf: dict[str, ElfSymbols] = {}
+
+    def set_maps(self, pid: int, entries: Iterable[MapEntry]) -> None:
+        """Record a maps snapshot. Earlier file mappings that the new snapshot no longer shows are kept
+        (a library unloaded or a process gone must still resolve addresses recorded before)."""
+        new = sorted(entries, key=lambda m: m.start)
+        merged: dict[int, MapEntry] = {m.start: m for m in self._maps.get(pid, []) if m.path}
+        for m in new:
+            for s in [s for s, o in merged.items() if o.start < m.end and m.start < o.end]:
+                del merged[s]
+            merged[m.start] = m
+        ordered = sorted(merged.values(), key=lambda m: m.start)
+        self._maps[pid] = ordered
+        self._starts[pid] = [m.start for m in ordered]
+
+    def copy_maps(self, src_pid: int, dst_pid: int) -> None:
+        if src_pid in self._maps and dst_pid not in self._maps:
+            self._maps[dst_pid] = list(self._maps[src_pid])
+            self._starts[dst_pid] = list(self._starts[src_pid])
+
+    def forget(self, pid: int) -> None:
+        self._maps.pop(pid, None)
+        self._starts.pop(pid, None)
+
+    def has_maps(self, pid: int) -> bool:
+        return pid in self._maps
+
+    def mapping(self, pid: int, addr: int) -> MapEntry | None:
+        starts = self._starts.get(pid)
+        if not starts:
+            return None
+        i = bisect.bisect_right(starts, addr) - 1
+        if i >= 0:
+            m = self._maps[pid][i]
+            if m.start <= addr < m.end:
+                return m
+        return None
+
+    def knows(self, pid: int, addr: int) -> bool:
+        return self.mapping(pid, addr) is not None
+
+    def frame(self, pid: int, addr: int) -> Frame:
+        m = self.mapping(pid, addr)
+        if m is None:
+            return Frame(addr, "?", "", addr)
+        if not m.path or m.path.startswith("["):
+            return Frame(addr, m.path or "[anon]", "", addr - m.start)
+        file_off = addr - m.start + m.offset
+        lib = os.path.basename(m.path.removesuffix(" (deleted)"))
+        elf = self._elf.get(m.path)
+        if elf is None:
+            elf = self._elf[m.path] = read_elf_symbols(m.path)
+        hit = elf.lookup(elf.file_offset_to_vaddr(file_off))
+        if hit:
+            return Frame(addr, lib, hit[0], hit[1])
+        return Frame(addr, lib, "", file_off)
+
+    def is_code(self, pid: int, addr: int) -> bool:
+        m = self.mapping(pid, addr)
+        return m is not None and "x" in m.perms
+
+    def library_of(self, pid: int, site: int, ip: int) -> str:
+        """The library blamed for a syscall: the caller (return address) when it points at code,
+        else where the syscall instruction itself is."""
+        for addr in (site, ip):
+            if addr and self.is_code(pid, addr):
+                return self.frame(pid, addr).library
+        return "?"

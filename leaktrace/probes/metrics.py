@@ -1,0 +1,176 @@
+"""The /metrics probe: scrape each vLLM API server's Prometheus text every tick.
+
+URLs come from ``--metrics URL`` and, with ``--vllm``, from discovery (each API server's port on
+127.0.0.1 when it listens on all addresses). Scrapes run in one background thread so a slow server (a
+P/D pair on 2 cores can take seconds to answer) never delays the watcher's tick. An unreachable URL is a
+warning line, once; the hunt goes on and says when the URL comes back.
+
+Tables:
+  ``metrics``          t, url, instance, name, labels (JSON), value — every ``vllm:*`` sample and
+                       ``process_resident_memory_bytes`` (histogram buckets and ``_created`` left out)
+  ``metrics_summary``  t, url, instance, ok, requests, prompt_tokens, generation_tokens,
+                       kv_external_prompt_tokens, nixl_transfers, nixl_bytes, nixl_failed, running,
+                       waiting, kv_cache_usage, api_rss — the figures the load analysis needs
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from leaktrace.errors import MetricsUnreachable
+from leaktrace.probes import HuntContext, HuntOptions
+
+Sample = tuple[str, dict[str, str], float]
+
+
+def parse_metrics(text: str) -> list[Sample]:
+    """Prometheus text exposition → (sample name, labels, value), with prometheus_client's own parser."""
+    out: list[Sample] = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.append((s.name, dict(s.labels), float(s.value)))
+    return out
+
+
+def _sum(samples: list[Sample], name: str, **match: str) -> float:
+    return sum(v for n, lb, v in samples if n == name and all(lb.get(k) == want for k, want in match.items()))
+
+
+def summarize(samples: list[Sample]) -> dict[str, float]:
+    """The load figures of one scrape (counters summed over engines and label sets)."""
+    return {
+        "requests": _sum(samples, "vllm:request_success_total"),
+        "prompt_tokens": _sum(samples, "vllm:prompt_tokens_total"),
+        "generation_tokens": _sum(samples, "vllm:generation_tokens_total"),
+        "kv_external_prompt_tokens": _sum(samples, "vllm:prompt_tokens_by_source_total",
+                                          source="external_kv_transfer"),
+        "nixl_transfers": _sum(samples, "vllm:nixl_xfer_time_seconds_count"),
+        "nixl_bytes": _sum(samples, "vllm:nixl_bytes_transferred_sum"),
+        "nixl_failed": _sum(samples, "vllm:nixl_num_failed_transfers_total"),
+        "running": _sum(samples, "vllm:num_requests_running"),
+        "waiting": _sum(samples, "vllm:num_requests_waiting"),
+        "kv_cache_usage": _sum(samples, "vllm:kv_cache_usage_perc"),
+        "api_rss": _sum(samples, "process_resident_memory_bytes"),
+    }
+
+
+def _keep(name: str) -> bool:
+    if name.endswith(("_bucket", "_created")):
+        return False
+    return name.startswith("vllm:") or name == "process_resident_memory_bytes"
+
+
+def scrape(url: str, timeout: float = 5.0) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's URL
+            return r.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise MetricsUnreachable(f"{url} unreachable: {reason}") from e
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``HOST:PORT``, ``http://HOST:PORT`` or a full URL; default path /metrics."""
+    if "://" not in url:
+        url = "http://" + url
+    parts = urllib.parse.urlsplit(url)
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/metrics")
+    return urllib.parse.urlunsplit(parts)
+
+
+class MetricsProbe:
+    name = "metrics"
+
+    def __init__(self, options: HuntOptions) -> None:
+        self.options = options
+        self.urls: dict[str, int | None] = {normalize_url(u): None for u in options.metrics_urls}
+        self.ctx: HuntContext | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ok: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.down: set[str] = set()
+        self.first: dict[str, dict[str, float]] = {}
+        self.last: dict[str, dict[str, float]] = {}
+
+    def start(self, ctx: HuntContext) -> None:
+        self.ctx = ctx
+        if self.options.vllm:
+            # Published by the vllm probe, which starts before us.
+            for inst in ctx.live.get("vllm", {}).get("instances", []):
+                port = inst.get("port")
+                if port:
+                    host = inst.get("host") or "127.0.0.1"
+                    host = "127.0.0.1" if host in ("0.0.0.0", "::", "localhost") else host
+                    url = normalize_url(f"{host}:{port}")
+                    if self.urls.get(url) is None:
+                        self.urls[url] = inst["instance"]
+        if not self.urls:
+            ctx.warn("metrics: no /metrics URL to scrape (none given and no vLLM API server found)")
+            return
+        ctx.session.update_meta(metrics_urls=dict(self.urls))
+        self._scrape_all()  # the first scrape before the hunt's clock starts counting load
+        self._thread = threading.Thread(target=self._loop, name="metrics-scrape", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.options.interval):
+            self._scrape_all()
+
+    def _scrape_all(self) -> None:
+        assert self.ctx is not None
+        for url, inst in self.urls.items():
+            t = self.ctx.session.now()
+            try:
+                text = scrape(url, timeout=max(2.0, 3 * self.options.interval))
+                samples = parse_metrics(text)
+            except MetricsUnreachable as e:
+                self.failed[url] = self.failed.get(url, 0) + 1
+                if url not in self.down:
+                    self.down.add(url)
+                    self.ctx.warn(f"metrics: {e.message}; the hunt goes on without it")
+                self.ctx.session.append("metrics_summary", {"t": t, "url": url, "instance": inst, "ok": False})
+                continue
+            except ValueError as e:  # not Prometheus text
+                self.failed[url] = self.failed.get(url, 0) + 1
+                if url not in self.down:
+                    self.down.add(url)
+                    self.ctx.warn(f"metrics: {url} did not serve Prometheus text ({e}); the hunt goes on")
+                continue
+            if url in self.down:
+                self.down.discard(url)
+                self.ctx.log(f"metrics: {url} reachable again")
+            self.ok[url] = self.ok.get(url, 0) + 1
+            summary = summarize(samples)
+            self.first.setdefault(url, summary)
+            self.last[url] = summary
+            self.ctx.session.append("metrics_summary", {"t": t, "url": url, "instance": inst, "ok": True, **summary})
+            self.ctx.session.append("metrics", [
+                {"t": t, "url": url, "instance": inst, "name": n,
+                 "labels": json.dumps(lb, sort_keys=True), "value": v}
+                for n, lb, v in samples if _keep(n)])
+            self.ctx.live["metrics"] = {u: s.get("requests") for u, s in self.last.items()}
+
+    def tick(self, now: float) -> None:
+        pass  # the scrape thread keeps its own cadence
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+            self._scrape_all()  # the final counters, so the load covers the whole hunt
+
+    def summary(self) -> dict[str, Any]:
+        return {"urls": {u: {"instance": i, "ok": self.ok.get(u, 0), "failed": self.failed.get(u, 0),
+                             "delta": {k: self.last[u][k] - self.first[u][k]
+                                       for k in ("requests", "generation_tokens", "nixl_transfers")}
+                             if u in self.last else None}
+                         for u, i in self.urls.items()}}

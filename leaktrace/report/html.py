@@ -1,0 +1,145 @@
+"""report.html: one self-contained file (inline SVG plots and CSS, no script, no network).
+
+Plots: RSS and anonymous memory over time per process, growth by memory class, top growing regions,
+a flame graph of outstanding bytes by stack; culprit cards. Copes with any subset of tables.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from leaktrace.analysis.growth import MB
+from leaktrace.report.flame import collect_stacks, flame_svg
+
+MAX_POINTS_PER_LINE = 1500
+MAX_LINES = 12
+
+
+def _svg(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG is inlined in HTML
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def memory_over_time_svg(rollup: pd.DataFrame, labels: dict[int, str], attach_s: float | None) -> str:
+    if rollup.empty:
+        return ""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True)
+    last = rollup.sort_values("t").groupby("pid")["rss"].last().sort_values(ascending=False)
+    growth = rollup.groupby("pid")["rss"].agg(lambda s: s.iloc[-1] - s.iloc[0]).sort_values(ascending=False)
+    pids = list(dict.fromkeys(list(growth.index[:MAX_LINES // 2]) + list(last.index)))[:MAX_LINES]
+    for pid, g in rollup[rollup["pid"].isin(pids)].groupby("pid"):
+        g = g.sort_values("t")
+        if len(g) > MAX_POINTS_PER_LINE:
+            g = g.iloc[:: len(g) // MAX_POINTS_PER_LINE + 1]
+        name = f"{labels.get(int(pid), '?')} ({pid})"
+        ax1.plot(g["t"], g["rss"] / MB, label=name, lw=1.3)
+        ax2.plot(g["t"], g["anon"] / MB, label=name, lw=1.3)
+    for ax, what in ((ax1, "RSS (MB)"), (ax2, "anonymous (MB)")):
+        ax.set_ylabel(what)
+        if attach_s:
+            ax.axvline(attach_s, color="#888", ls=":", lw=1)
+    ax2.set_xlabel("seconds since hunt start")
+    ax1.legend(loc="upper left", fontsize=8, ncol=2)
+    if rollup["pid"].nunique() > len(pids):
+        ax1.set_title(f"{len(pids)} of {rollup['pid'].nunique()} processes (largest and fastest growing)",
+                      fontsize=9)
+    return _svg(fig)
+
+
+def growth_by_class_svg(growth: dict[str, float]) -> str:
+    items = [(k, v) for k, v in growth.items() if abs(v) >= 0.005]
+    if not items:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(items) + 1.0))
+    names = [k for k, _ in items][::-1]
+    vals = [v for _, v in items][::-1]
+    ax.barh(names, vals, color=["#d9534f" if v > 0 else "#5b9bd5" for v in vals])
+    ax.set_xlabel("MB/min (RSS, summed over processes)")
+    ax.axvline(0, color="#444", lw=0.8)
+    return _svg(fig)
+
+
+def regions_svg(regions: list[dict[str, Any]]) -> str:
+    if not regions:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(regions) + 1.0))
+    names = [f"{r['pid']} {r['start']} {r['path'][-28:]}" + (" ↻" if r["moves"] else "") for r in regions][::-1]
+    vals = [r["growth_mb"] for r in regions][::-1]
+    ax.barh(names, vals, color=["#e8743b" if r["moves"] else "#f2a541" for r in regions][::-1])
+    ax.set_xlabel("MB grown during the hunt (↻ = moved)")
+    return _svg(fig)
+
+
+def _ledger_over_time_svg(reader: Any) -> str:
+    from leaktrace.analysis.culprits import optional
+
+    fn = optional("leaktrace.analysis.ledger", "outstanding_over_time")
+    if fn is None or reader is None:
+        return ""
+    try:
+        df = fn(reader)
+    except Exception:  # noqa: BLE001 - optional plot
+        return ""
+    if df is None or len(df) == 0 or not {"t", "bytes"} <= set(df.columns):
+        return ""
+    key = "library" if "library" in df.columns else None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    for name, g in (df.groupby(key) if key else [("all", df)]):
+        g = g.sort_values("t")
+        ax.plot(g["t"], g["bytes"] / MB, label=str(name), lw=1.3)
+    ax.set_ylabel("outstanding (MB)")
+    ax.set_xlabel("seconds since hunt start")
+    ax.legend(loc="upper left", fontsize=8)
+    return _svg(fig)
+
+
+def render(report: dict[str, Any], reader: Any = None) -> str:
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
+                      autoescape=select_autoescape(["html", "j2"]))
+    rollup = reader.table("rollup") if reader is not None else pd.DataFrame()
+    labels = {p["pid"]: p["label"] for p in report.get("processes", [])}
+    stacks, flame_source = collect_stacks(report, reader)
+    regions = report.get("regions", {}) or {}
+    plots = {
+        "memory": memory_over_time_svg(rollup, labels, report.get("attach_s")),
+        "classes": growth_by_class_svg(report.get("growth_by_class", {})),
+        "regions": regions_svg((regions.get("growing") or [])[:10]),
+        "ledger": _ledger_over_time_svg(reader),
+        "flame": flame_svg(stacks),
+    }
+    tpl = env.get_template("report.html.j2")
+    return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB)
+
+
+def write(report: dict[str, Any], out_dir: Path, reader: Any = None) -> Path:
+    path = Path(out_dir) / "report.html"
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(render(report, reader))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,121 @@
+"""The eBPF probe on the real kernel and real processes (root, BCC). Each test checks the ledger's
+exact byte counts against the fixture's ground truth and against /proc/PID/maps or smaps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fixtures.bpf_harness import PAGE, Driver, Traced, bpf_lib, is_root, maps_ranges, smaps_sizes
+
+from leaktrace.analysis.ledger import ledger_summary, native_culprits
+
+pytestmark = [pytest.mark.bpf, pytest.mark.skipif(not is_root(), reason="BPF needs root")]
+
+
+@pytest.fixture
+def driver():
+    d = Driver()
+    yield d
+    d.close()
+
+
+def traced_regions(reader, pid: int, library: str | None = None, kind: str = "anon"):
+    reg = reader.table("ledger_regions")
+    reg = reg[(reg["pid"] == pid) & ~reg["preexisting"].astype(bool) & (reg["kind"] == kind)]
+    if library is not None:
+        reg = reg[reg["library"] == library]
+    return reg
+
+
+def assert_smaps_agrees(pid: int, reg) -> None:
+    """Ledger total of traced anonymous mappings vs /proc/PID/smaps over the same ranges (within 1%)."""
+    ranges = [(int(r.start), int(r.end)) for r in reg.itertuples()]
+    ledger_total = int(reg["size"].sum())
+    proc_total = smaps_sizes(pid, ranges)
+    assert abs(ledger_total - proc_total) <= 0.01 * max(ledger_total, 1), (ledger_total, proc_total)
+
+
+def test_stripped_library_raw_syscalls_exact(tmp_path, driver) -> None:
+    lib = bpf_lib()
+    assert b".symtab" not in lib.read_bytes(), "fixture library must be stripped"
+    tr = Traced(tmp_path / "s", [driver.pid])
+    rounds, count, size = 8, 6, 256 * 1024
+    for _ in range(rounds):
+        driver.cmd(f"leak {count} {size}")
+        driver.cmd("churn 300 8192")  # balanced noise, settled in the kernel
+        time.sleep(0.25)
+        tr.tick()
+    reader = tr.stop()
+    truth = rounds * count * size
+    mine = traced_regions(reader, driver.pid, "libbpfleak.so")
+    assert int(mine["size"].sum()) == truth
+    assert len(mine) == rounds * count
+    assert_smaps_agrees(driver.pid, traced_regions(reader, driver.pid))
+    summary = ledger_summary(reader)
+    assert summary["lost_events"] == 0
+    assert summary["events"] >= rounds * (count + 600)
+    assert summary["settled_in_kernel"] >= rounds * 300
+    snaps = reader.table("ledger_snapshots")
+    last = snaps[(snaps["t"] == snaps["t"].max()) & (snaps["library"] == "libbpfleak.so")]
+    assert int(last[last["kind"] == "anon"]["outstanding_bytes"].sum()) == truth
+    culprits = [c for c in native_culprits(reader) if c["kind"] == "native-mmap"]
+    assert culprits and culprits[0]["library"] == "libbpfleak.so" and culprits[0]["pid"] == driver.pid
+    assert culprits[0]["outstanding_bytes"] == truth
+    assert culprits[0]["mb_per_min"] > 0
+    assert any("libbpfleak.so!lt_map" in f for f in culprits[0]["stack"]), culprits[0]["stack"]
+    # One stack per call site, not per call.
+    assert reader.table("bpf_counters")["stacks"].max() <= 10
+
+
+def test_shapes_match_proc_maps(tmp_path, driver) -> None:
+    tr = Traced(tmp_path / "s", [driver.pid])
+    base, base_end, moved, moved_end = driver.cmd("shapes")
+    tr.tick()
+    # Compare while the process is alive: the ledger's view of both ranges equals /proc/PID/maps.
+    with tr.probe.lock:
+        space = tr.probe.ledger.space(driver.pid)
+        kernel = tr.probe._kernel_regions().get(driver.pid, [])
+        pieces = sorted([(iv.start, iv.end) for iv in space if not iv.origin.preexisting]
+                        + [(a, b) for a, b, _s, _v in kernel])
+        heap_start, heap_end = space.heap_start, space.heap_end
+    merged: list[tuple[int, int]] = []
+    for a, b in pieces:
+        if merged and merged[-1][1] == a:
+            merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    for lo, hi in ((base, base_end), (moved, moved_end)):
+        want = maps_ranges(driver.pid, lo, hi)
+        got = [(max(a, lo), min(b, hi)) for a, b in merged if a < hi and b > lo]
+        assert got == want, (hex(lo), [(hex(a), hex(b)) for a, b in got], [(hex(a), hex(b)) for a, b in want])
+    # 64 pages: -2 head, -2 tail, -3 middle, -10 hole, mremap 4->12 pages, 4->1 shrink, -5 spanning
+    pages = {p for a, b in merged for p in range(a // PAGE, b // PAGE)
+             if base <= p * PAGE < base_end or moved <= p * PAGE < moved_end}
+    assert len(pages) == 47
+    heap = maps_ranges(driver.pid, heap_start, heap_end + 64 * PAGE)
+    assert heap and heap[-1][1] == heap_end
+    reader = tr.stop()
+    heap_rows = traced_regions(reader, driver.pid, "libbpfleak.so", kind="heap")
+    assert int(heap_rows["size"].sum()) == 33 * PAGE
+    ev = reader.table("bpf_events")
+    assert set(ev["type"]) >= {"munmap", "mremap", "mmap", "brk"}
+    assert ledger_summary(reader)["lost_events"] == 0
+    assert_smaps_agrees(driver.pid, traced_regions(reader, driver.pid))
+
+
+def test_balanced_churn_is_flat(tmp_path, driver) -> None:
+    tr = Traced(tmp_path / "s", [driver.pid])
+    for _ in range(10):
+        driver.cmd("churn 3000 65536")
+        time.sleep(0.1)
+        tr.tick()
+    reader = tr.stop()
+    snaps = reader.table("ledger_snapshots")
+    lib = snaps[(snaps["library"] == "libbpfleak.so") & (snaps["kind"] == "anon")] if not snaps.empty else snaps
+    assert lib.empty or int(lib["outstanding_bytes"].max()) == 0
+    assert not [c for c in native_culprits(reader) if c["library"] == "libbpfleak.so"]
+    summary = ledger_summary(reader)
+    assert summary["settled_in_kernel"] >= 30000 and summary["lost_events"] == 0
+    assert summary["slow_events"] < 100  # exact unmaps never leave the kernel
+    assert_smaps_agrees(driver.pid, traced_regions(reader, driver.pid))

@@ -1,0 +1,98 @@
+"""gdb samples joined to regions (pure functions over DataFrames / a session written by SessionWriter),
+and the same join on a real hunt with the eBPF ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+from conftest import run_cli
+from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
+
+from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, join_samples_to_regions
+from leaktrace.probes.gdb import sample_row, stack_strings
+from leaktrace.session import SessionReader, SessionWriter
+
+
+def frames(*libs_syms):
+    return [{"pc": 0x1000 + i, "library": lib, "path": f"/x/{lib}", "symbol": sym, "offset": 4 if sym else None,
+             "file_offset": 0x1138} for i, (lib, sym) in enumerate(libs_syms)]
+
+
+HOOKED = frames(("libc.so.6", "syscall"), ("libleak.so", None), ("libhook.so", "dispatch"), ("app", "main"))
+OTHER = frames(("libc.so.6", "mmap64"), ("libother.so", "grow"))
+
+
+def sample(t, pid, syscall, addr, fr, length=4096, error=0):
+    rec = {"pid": pid, "tid": pid, "syscall": syscall, "addr": addr, "length": length, "result": addr,
+           "error": error, "frames": fr, "stop_us": 100.0}
+    return sample_row(rec, t, 0)
+
+
+def test_stack_strings_format():
+    assert stack_strings(HOOKED) == ["libc.so.6!syscall+0x4", "libleak.so+0x1138", "libhook.so!dispatch+0x4",
+                                     "app!main+0x4"]
+    py = [{**HOOKED[0], "python": [{"func": "f", "file": "a.py", "line": 3}]}]
+    assert stack_strings(py)[1] == "python!f (a.py:3)"
+
+
+def test_join_picks_the_region_holding_the_address():
+    samples = pd.DataFrame([sample(1.0, 7, "mmap", 0x10000, HOOKED), sample(2.0, 7, "mmap", 0x23000, OTHER),
+                            sample(2.5, 7, "mmap", 0x10800, HOOKED), sample(3.0, 8, "mmap", 0x10000, OTHER),
+                            sample(3.5, 7, "mmap", 0x30000, HOOKED, error=12),
+                            sample(4.0, 7, "munmap", 0x20000, OTHER)])
+    regions = pd.DataFrame({"pid": [7, 7, 7, 9], "start": [0x10000, 0x20000, 0x30000, 0x10000],
+                            "end": [0x11000, 0x24000, 0x31000, 0x11000]})
+    j = join_samples_to_regions(samples, regions)
+    assert list(j["gdb_samples"]) == [2, 1, 0, 0]  # errors, munmaps and other pids do not count
+    assert j["gdb_t"].iloc[0] == 2.5 and j["gdb_stack"].iloc[0][1] == "libleak.so+0x1138"
+    assert j["gdb_stack"].iloc[1][1] == "libother.so!grow+0x4"
+    assert j["gdb_stack"].iloc[2] == [] and j["gdb_addr"].iloc[3] == 0
+
+
+def test_gdb_stack_for_reads_a_session(tmp_path):
+    w = SessionWriter(tmp_path / "s")
+    w.append("gdb_samples", [sample(1.0, 7, "mmap", 0x10000, HOOKED), sample(2.0, 7, "mmap", 0x11000, HOOKED),
+                             sample(3.0, 7, "mmap", 0x12000, OTHER)])
+    w.append("ledger_regions", [{"pid": 7, "start": 0x10000, "end": 0x12000, "size": 0x2000,
+                                 "library": "libleak.so"}])
+    w.close()
+    r = SessionReader(tmp_path / "s")
+    assert gdb_stack_for(r, 7, "libleak.so")[:3] == ["libc.so.6!syscall+0x4", "libleak.so+0x1138",
+                                                     "libhook.so!dispatch+0x4"]
+    assert gdb_stack_for(r, 7, "libother.so")[1] == "libother.so!grow+0x4"
+    assert gdb_stack_for(r, 7, None)[1] == "libleak.so+0x1138"  # the most frequent
+    assert gdb_stack_for(r, 8, "libleak.so") == [] and gdb_stack_for(r, 7, "libnone.so") == []
+    j = join_regions(r)
+    assert j["source"].iloc[0] == "ledger" and j["gdb_samples"].iloc[0] == 2
+
+
+@pytest.mark.gdb
+@pytest.mark.bpf
+@pytest.mark.skipif(shutil.which("gdb") is None or os.geteuid() != 0, reason="needs gdb and root (eBPF ledger)")
+def test_sampled_addresses_are_ledger_regions(spawn, tmp_path):
+    target = spawn([build_gdb_target(), "--threads", "4", "--per-thread-per-s", "5"])
+    res = run_cli("hunt", "--pid", target.pid, "--duration", "4", "--gdb-samples", "10", "-q",
+                  "--out", tmp_path / "s", "--format", "json", timeout=120)
+    assert res.returncode == 0, res.stderr
+    reader = SessionReader(tmp_path / "s")
+    if "bpf" not in reader.meta.get("probes", []):
+        pytest.skip(f"eBPF probe did not start: {reader.meta.get('warnings')}")
+    samples = reader.table("gdb_samples")
+    ledger = reader.table("ledger_regions")
+    mmaps = samples[samples["syscall"] == "mmap"]
+    assert len(mmaps) >= 10
+    starts = {(int(p), int(s)): lib for p, s, lib in zip(ledger["pid"], ledger["start"], ledger["library"],
+                                                         strict=True)}
+    for addr in mmaps["addr"]:  # every returned address is an outstanding region the ledger blames on LEAK_LIB
+        assert starts.get((target.pid, int(addr))) == LEAK_LIB, hex(int(addr))
+    joined = join_regions(reader)
+    assert joined["source"].iloc[0] == "ledger"
+    hit = joined[joined["gdb_samples"] > 0]
+    assert len(hit) == len(mmaps) and (hit["library"] == LEAK_LIB).all()
+    assert all(any(f.startswith(f"{HOOK_LIB}!") for f in st) for st in hit["gdb_stack"])
+    culprit = json.loads((tmp_path / "s" / "report.json").read_text())["culprits"][0]
+    assert culprit["library"] == LEAK_LIB

@@ -1,0 +1,220 @@
+"""The gdb stack sampler on real processes with real gdb: stacks through a stripped hook chain, the
+pause budget, and the target left running (not stopped, not traced) on every way sampling can end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli, wait_for
+from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
+
+from leaktrace import procfs
+from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, libraries_in_order
+from leaktrace.probes.gdb import PauseBudget, proc_state, sample_process, tracer_of
+from leaktrace.session import SessionReader
+
+pytestmark = [pytest.mark.gdb,
+              pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb not installed (apt-get install gdb)")]
+
+
+@pytest.fixture(scope="module")
+def gdb_target_bin() -> Path:
+    return build_gdb_target()
+
+
+def assert_running_untraced(pid: int, timeout: float = 15.0) -> None:
+    """The target is alive, not stopped, and no tracer holds it (within ``timeout``)."""
+    ok = wait_for(lambda: tracer_of(pid) == 0 and proc_state(pid) not in (None, "T", "t"), timeout=timeout)
+    assert ok, f"pid {pid}: state {proc_state(pid)!r}, TracerPid {tracer_of(pid)}"
+    # Still making progress: the fixtures keep mapping, so the total mapped size grows (adjacent
+    # anonymous chunks merge into one mapping, so the number of mappings need not change).
+    def mapped() -> int:
+        return sum(m.end - m.start for m in procfs.read_maps(pid))
+
+    before = mapped()
+    assert wait_for(lambda: mapped() != before, timeout=5), f"pid {pid} made no progress"
+
+
+def region_of(pid: int, addr: int) -> procfs.Mapping | None:
+    for m in procfs.read_maps(pid):
+        if m.start <= addr < m.end:
+            return m
+    return None
+
+
+def test_stacks_name_hook_then_stripped_library_and_addresses_match_regions(spawn, gdb_target_bin):
+    target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "20"])
+    run = sample_process(target.pid, max_samples=12, max_seconds=20)
+    assert run.reason == "samples", run.reason
+    samples = [r for r in run.sample_records if r["syscall"] == "mmap"]
+    assert len(samples) >= 12
+    threads = {int(t) for t in os.listdir(f"/proc/{target.pid}/task")}
+    assert len({s["tid"] for s in samples}) >= 2, "expected samples from several threads"
+    for s in samples:
+        assert s["tid"] in threads
+        libs = libraries_in_order(s["frames"])
+        # syscall() in libc, called by the stripped library, called by the hook library, called by the app.
+        assert libs[:4] == ["libc.so.6", LEAK_LIB, HOOK_LIB, "gdb_target"], libs
+        stripped = [f for f in s["frames"] if f["library"] == LEAK_LIB]
+        assert stripped[0]["symbol"] is None and stripped[0]["file_offset"] > 0  # static, stripped: no name
+        assert any(f["symbol"] == "gdbhook_event_dispatch" for f in s["frames"])
+        assert s["length"] == 64 * 1024
+        m = region_of(target.pid, s["addr"])  # leaked chunks stay mapped
+        assert m is not None and m.path == "" and m.end - s["addr"] >= s["length"], hex(s["addr"])
+    assert run.attach_s > 0 and run.stops >= 2 * len(samples)
+    assert run.state_after not in ("T", "t") and run.tracer_after == 0 and not run.sigcont
+    assert_running_untraced(target.pid)
+
+
+def test_pause_budget_ends_sampling_and_detaches(spawn, gdb_target_bin):
+    target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "200"])
+    t0 = time.monotonic()
+    run = sample_process(target.pid, max_samples=0, max_seconds=30,
+                         budget=PauseBudget(pause_fraction=0.01, floor_s=2.0, max_stops_per_s=10_000))
+    assert run.reason.startswith("budget: paused"), run.reason
+    assert time.monotonic() - t0 < 15
+    # The handler stops the budget right after it is exceeded: one stop past it at most.
+    assert run.paused_s < 0.01 * max(2.0, run.t_end_mono - run.t_start_mono) + 0.05
+    run2 = sample_process(target.pid, max_samples=0, max_seconds=30, budget=PauseBudget(max_stops_per_s=50))
+    assert run2.reason == "budget: more than 50 stops/s", run2.reason
+    assert_running_untraced(target.pid)
+
+
+def test_python_frames_or_a_reason(spawn):
+    script = "import mmap, sys, time\nkeep = []\ndef grow_python_side():\n    keep.append(mmap.mmap(-1, 1 << 16))\n" \
+             "print('ready', flush=True)\nwhile True:\n    grow_python_side(); time.sleep(0.01)\n"
+    target = spawn([sys.executable, "-c", script])
+    run = sample_process(target.pid, max_samples=3, max_seconds=20)
+    assert run.reason == "samples", run.reason
+    if run.python.startswith("ok"):
+        pyframes = [p for s in run.sample_records for f in s["frames"] for p in f.get("python", [])]
+        assert any(p.get("func") == "grow_python_side" for p in pyframes), pyframes[:5]
+    else:
+        assert run.python.startswith("unavailable: "), run.python
+    assert proc_state(target.pid) not in (None, "T", "t") and tracer_of(target.pid) == 0
+
+
+def start_hunt(pid: int, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "leaktrace", "hunt", "--pid", str(pid), "--no-bpf",
+                             "--duration", "60", "--out", str(out), "--format", "json", *extra],
+                            cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_hunt_ctrl_c_detaches_and_session_joins_stacks(spawn, gdb_target_bin, tmp_path):
+    target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "5"])
+    hunt = start_hunt(target.pid, tmp_path / "s", "--gdb-samples", "100000")
+    try:
+        assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"
+        time.sleep(1.5)
+        hunt.send_signal(signal.SIGINT)
+        out, err = hunt.communicate(timeout=60)
+    finally:
+        hunt.kill()
+    assert hunt.returncode == 0, err
+    assert_running_untraced(target.pid)
+    reader = SessionReader(tmp_path / "s")
+    runs = reader.table("gdb_runs")
+    assert list(runs["pid"]) == [target.pid] and runs["reason"].iloc[0] == "stopped", runs.to_dict("records")
+    assert runs["state_after"].iloc[0] not in ("T", "t") and runs["tracer_after"].iloc[0] == 0
+    samples = reader.table("gdb_samples")
+    assert len(samples) >= 3
+    assert samples["t"].between(0, reader.meta["duration_s"] + reader.meta["attach_s"] + 1).all()
+    stack = gdb_stack_for(reader, target.pid, LEAK_LIB)
+    assert stack[0].startswith("libc.so.6!syscall") and stack[1].startswith(f"{LEAK_LIB}+0x"), stack
+    assert any(s.startswith(f"{HOOK_LIB}!gdbhook_event_dispatch") for s in stack), stack
+    # Each sampled address lies in a region of the watcher's last smaps; that region gets the stack.
+    joined = join_regions(reader)
+    hit = joined[joined["gdb_samples"] > 0]
+    assert hit["gdb_samples"].sum() == (samples["syscall"] == "mmap").sum()
+    assert all(LEAK_LIB in "".join(s) for s in hit["gdb_stack"])
+
+
+def test_sigkill_of_leaktrace_mid_sampling_leaves_target_running(spawn, gdb_target_bin, tmp_path):
+    target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "5"])
+    hunt = start_hunt(target.pid, tmp_path / "s", "--gdb-samples", "100000")
+    try:
+        assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"
+        gdb_pid = tracer_of(target.pid)
+        time.sleep(1.0)
+        hunt.send_signal(signal.SIGKILL)
+        hunt.wait(timeout=10)
+    finally:
+        hunt.kill()
+    assert_running_untraced(target.pid)
+    assert wait_for(lambda: proc_state(gdb_pid) in (None, "Z"), timeout=15), "gdb outlived leaktrace"
+
+
+def test_each_process_of_the_tree_in_turn(spawn, leaker_bin, tmp_path):
+    parent = spawn([leaker_bin, "--leak-kib-per-s", "640", "--chunk-kib", "64", "--fork-after", "0"])
+    assert wait_for(lambda: len(procfs.process_tree([parent.pid])) == 2, timeout=10)
+    res = run_cli("hunt", "--pid", parent.pid, "--no-bpf", "--duration", "6", "--interval", "0.5",
+                  "--gdb-samples", "3", "--out", tmp_path / "s", "--format", "json", timeout=120)
+    assert res.returncode == 0, res.stderr
+    runs = SessionReader(tmp_path / "s").table("gdb_runs")
+    tree = set(procfs.process_tree([parent.pid]))
+    assert set(runs["pid"]) == tree, runs.to_dict("records")
+    assert (runs["reason"] == "samples").all() and (runs["samples"] >= 3).all(), runs.to_dict("records")
+    for pid in tree:
+        assert proc_state(pid) not in (None, "T", "t") and tracer_of(pid) == 0
+
+
+def test_hunt_without_gdb_says_so_in_one_line(spawn, gdb_target_bin, tmp_path):
+    target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5"])
+    env = {"PATH": "/nonexistent", "LEAKTRACE_GDB": ""}
+    res = run_cli("hunt", "--pid", target.pid, "--no-bpf", "--duration", "1", "-q",
+                  "--gdb-samples", "5", "--out", tmp_path / "a", env=env, timeout=60)
+    assert res.returncode == 6, (res.returncode, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "gdb" in lines[0] and "--gdb-samples 0" in lines[0], res.stderr
+    res = run_cli("hunt", "--pid", target.pid, "--no-bpf", "--duration", "1", "-q", "--gdb-samples", "0",
+                  "--out", tmp_path / "b", "--format", "json", env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert tracer_of(target.pid) == 0
+
+
+SEIZE_TRACER = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_SEIZE = 0x4206
+if libc.ptrace(PTRACE_SEIZE, int(sys.argv[1]), None, None) != 0:
+    print("seize failed", ctypes.get_errno(), flush=True); sys.exit(1)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_hunt_when_ptrace_is_refused(spawn, gdb_target_bin, tmp_path):
+    target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5"])
+    # Another tracer holds the target (PTRACE_SEIZE does not stop it): attaching is refused by the kernel.
+    other = spawn([sys.executable, "-c", SEIZE_TRACER, target.pid])
+    assert tracer_of(target.pid) == other.pid
+    res = run_cli("hunt", "--pid", target.pid, "--no-bpf", "--duration", "1", "-q", "--gdb-samples", "5",
+                  "--out", tmp_path / "a", timeout=60)
+    assert res.returncode == 6, (res.returncode, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "ptrace not permitted" in lines[0] and str(other.pid) in lines[0], res.stderr
+    other.kill()
+    assert wait_for(lambda: tracer_of(target.pid) == 0, timeout=10)
+    assert proc_state(target.pid) not in (None, "T", "t")
+
+
+def test_direct_attach_refused_is_typed(spawn, gdb_target_bin):
+    """Without the preflight (a race: traced between the check and the attach) gdb's refusal is typed too."""
+    from leaktrace.errors import GdbUnavailable
+    from leaktrace.probes.gdb import GdbAttach
+
+    target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5"])
+    other = spawn([sys.executable, "-c", SEIZE_TRACER, target.pid])
+    attach = GdbAttach(target.pid, max_samples=1, max_seconds=5)
+    with pytest.raises(GdbUnavailable, match="ptrace not permitted|already traced"):
+        attach.start()
+    attach.cleanup()
+    assert tracer_of(target.pid) == other.pid and proc_state(target.pid) not in (None, "T", "t")

@@ -1,0 +1,190 @@
+"""Unit tests of the interval ledger (no kernel): every address-space operation the BPF probe applies."""
+
+from __future__ import annotations
+
+import pytest
+
+from leaktrace.probes.ledger import MapEntry, Origin, OutstandingLedger, Symbolizer, page_up, read_elf_symbols
+
+P = 4096
+A = Origin("anon", t_born=1, site=0x1000)
+B = Origin("anon", t_born=2, site=0x2000)
+H = Origin("heap", t_born=3, site=0x3000)
+
+
+def spans(led: OutstandingLedger, pid: int = 1) -> list[tuple[int, int, int]]:
+    """Intervals in pages, adjacent pieces of one origin merged."""
+    out: list[tuple[int, int, int]] = []
+    for iv in led.intervals(pid):
+        a, b, site = iv.start // P, iv.end // P, iv.origin.site
+        if out and out[-1][1] == a and out[-1][2] == site:
+            out[-1] = (out[-1][0], b, site)
+        else:
+            out.append((a, b, site))
+    return out
+
+
+@pytest.fixture
+def led() -> OutstandingLedger:
+    lg = OutstandingLedger()
+    lg.mmap(1, 100 * P, 10 * P, A)
+    return lg
+
+
+def test_head_tail_middle_unmap(led: OutstandingLedger) -> None:
+    led.munmap(1, 100 * P, 2 * P)
+    assert spans(led) == [(102, 110, 0x1000)]
+    led.munmap(1, 108 * P, 2 * P)
+    assert spans(led) == [(102, 108, 0x1000)]
+    led.munmap(1, 104 * P, P)
+    assert spans(led) == [(102, 104, 0x1000), (105, 108, 0x1000)]
+    assert led.totals(1).outstanding_bytes == 5 * P
+
+
+def test_unmap_spanning_regions_and_holes(led: OutstandingLedger) -> None:
+    led.mmap(1, 120 * P, 4 * P, B)
+    led.munmap(1, 105 * P, 17 * P)  # tail of A, the hole, head of B
+    assert spans(led) == [(100, 105, 0x1000), (122, 124, 0x2000)]
+
+
+def test_unaligned_length_rounds_up(led: OutstandingLedger) -> None:
+    led.munmap(1, 100 * P, 1)
+    assert spans(led)[0][:2] == (101, 110)
+    assert page_up(1) == P and page_up(P) == P
+
+
+def test_map_fixed_overlay_replaces_attribution(led: OutstandingLedger) -> None:
+    led.mmap(1, 103 * P, 2 * P, B)
+    assert spans(led) == [(100, 103, 0x1000), (103, 105, 0x2000), (105, 110, 0x1000)]
+    assert led.totals(1).outstanding_bytes == 10 * P
+
+
+def test_mremap_grow_and_move(led: OutstandingLedger) -> None:
+    led.mremap(1, 100 * P, 10 * P, 500 * P, 16 * P)
+    assert spans(led) == [(500, 516, 0x1000)]
+
+
+def test_mremap_shrink_in_place(led: OutstandingLedger) -> None:
+    led.mremap(1, 100 * P, 10 * P, 100 * P, 3 * P)
+    assert spans(led) == [(100, 103, 0x1000)]
+
+
+def test_mremap_move_keeps_split_attribution(led: OutstandingLedger) -> None:
+    led.mmap(1, 105 * P, 5 * P, B)
+    led.mremap(1, 100 * P, 10 * P, 300 * P, 12 * P)
+    assert spans(led) == [(300, 305, 0x1000), (305, 312, 0x2000)]
+
+
+def test_mremap_dontunmap_keeps_old(led: OutstandingLedger) -> None:
+    led.mremap(1, 100 * P, 10 * P, 300 * P, 10 * P, dontunmap=True)
+    assert spans(led) == [(100, 110, 0x1000), (300, 310, 0x1000)]
+
+
+def test_mremap_fixed_target_overlays(led: OutstandingLedger) -> None:
+    led.mmap(1, 300 * P, 20 * P, B)
+    led.mremap(1, 100 * P, 10 * P, 305 * P, 10 * P)
+    assert spans(led) == [(300, 305, 0x2000), (305, 315, 0x1000), (315, 320, 0x2000)]
+
+
+def test_brk_grow_and_shrink() -> None:
+    led = OutstandingLedger()
+    led.seed(1, [(1000 * P, 1004 * P, "[heap]")])
+    led.brk(1, 1010 * P - 10, H)
+    assert spans(led) == [(1000, 1004, 0), (1004, 1010, 0x3000)]
+    led.brk(1, 1002 * P, H)
+    assert spans(led) == [(1000, 1002, 0)]
+    assert led.totals(1).outstanding_bytes == 0  # pre-existing bytes are not outstanding
+    assert led.totals(1, include_preexisting=True).outstanding_bytes == 2 * P
+
+
+def test_brk_without_heap_starts_empty() -> None:
+    led = OutstandingLedger()
+    led.brk(1, 2000 * P, H)
+    led.brk(1, 2003 * P, H)
+    assert spans(led) == [(2000, 2003, 0x3000)]
+
+
+def test_exec_and_exit_release_everything(led: OutstandingLedger) -> None:
+    led.mmap(2, 100 * P, P, B)
+    led.exec(1)
+    assert led.intervals(1) == [] and led.execs[1] == 1
+    led.exit(2, seq=9)
+    assert led.intervals(2) == [] and led.exited[2] == 9
+
+
+def test_seed_is_preexisting_and_never_outstanding() -> None:
+    led = OutstandingLedger()
+    led.seed(7, [(10 * P, 20 * P, ""), (30 * P, 31 * P, "/usr/lib/libc.so.6")])
+    assert led.totals(7).outstanding_bytes == 0
+    led.munmap(7, 12 * P, 2 * P)
+    assert led.totals(7, include_preexisting=True).outstanding_bytes == 9 * P
+
+
+def test_many_random_ops_match_a_page_bitmap() -> None:
+    import random
+
+    rnd = random.Random(3)
+    led = OutstandingLedger()
+    pages: dict[int, int] = {}
+    for _ in range(3000):
+        a = rnd.randrange(0, 400)
+        n = rnd.randrange(1, 40)
+        op = rnd.random()
+        if op < 0.45:
+            site = rnd.randrange(1, 5)
+            led.mmap(1, a * P, n * P, Origin("anon", site=site))
+            for p in range(a, a + n):
+                pages[p] = site
+        elif op < 0.9:
+            led.munmap(1, a * P, n * P)
+            for p in range(a, a + n):
+                pages.pop(p, None)
+        else:
+            b = rnd.randrange(500, 900)
+            m = rnd.randrange(1, 40)
+            moved = {p - a: pages.pop(p) for p in range(a, a + n) if p in pages}
+            for p in range(b, b + m):
+                pages.pop(p, None)
+            led.mremap(1, a * P, n * P, b * P, m * P)
+            last = None
+            for off in range(min(n, m)):
+                if off in moved:
+                    pages[b + off] = moved[off]
+            if m > n:
+                # growth takes the origin of the last piece moved (nothing moved: no growth tracked)
+                last = moved[max(moved)] if moved else None
+                if last is not None:
+                    for p in range(b + n, b + m):
+                        pages[p] = last
+    got: dict[int, int] = {}
+    for iv in led.intervals(1):
+        for p in range(iv.start // P, iv.end // P):
+            assert p not in got, "intervals overlap"
+            got[p] = iv.origin.site
+    assert got == pages
+
+
+def test_symbolizer_keeps_maps_after_exit_and_reads_elf(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    src = tmp_path / "s.c"
+    src.write_text("int f(int x){return x*3;}\nint g(int x){return f(x)+1;}\n")
+    so = tmp_path / "libs.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    syms = read_elf_symbols(str(so))
+    names = {s[2] for s in syms.syms}
+    assert {"f", "g"} <= names
+    f_vaddr = next(s[0] for s in syms.syms if s[2] == "f")
+    # A pretend mapping of the whole file at 0x7f0000000000 (offset 0): vaddr == file offset here.
+    sym = Symbolizer()
+    sym.set_maps(5, [MapEntry(0x7F0000000000, 0x7F0000010000, 0, "r-xp", str(so))])
+    fr = sym.frame(5, 0x7F0000000000 + syms.file_offset_to_vaddr(f_vaddr) + 2)
+    assert (fr.library, fr.symbol, fr.offset) == ("libs.so", "f", 2)
+    assert sym.library_of(5, 0x7F0000000000 + f_vaddr, 0) == "libs.so"
+    sym.set_maps(5, [])  # the process is gone: earlier file mappings still resolve
+    assert sym.frame(5, 0x7F0000000000 + f_vaddr).library == "libs.so"
+    stripped = tmp_path / "libstripped.so"
+    shutil.copy(so, stripped)
+    subprocess.run(["strip", "--strip-all", str(stripped)], check=True)
+    assert {"f", "g"} <= {s[2] for s in read_elf_symbols(str(stripped)).syms}  # .dynsym survives

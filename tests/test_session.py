@@ -1,0 +1,96 @@
+"""Session directory: incremental Parquet parts, readable after SIGKILL, typed errors on bad sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from leaktrace.errors import OutputNotWritable, SessionError
+from leaktrace.session import SessionReader, SessionWriter
+
+
+def test_roundtrip_and_compaction(tmp_path):
+    w = SessionWriter(tmp_path / "s", flush_interval=0.05)
+    for i in range(5):
+        w.append("rollup", {"t": float(i), "pid": 1, "rss": i * 10, "pss": 0, "uss": 0, "anon": 0, "swap": 0,
+                            "shared": 0})
+        w.flush()
+    w.append("custom_table", [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
+    w.close()
+    parts = list((tmp_path / "s" / "tables" / "rollup").glob("part-*.parquet"))
+    assert len(parts) == 1  # compacted
+    r = SessionReader(tmp_path / "s")
+    assert r.complete
+    df = r.table("rollup")
+    assert list(df["rss"]) == [0, 10, 20, 30, 40]
+    assert list(r.table("custom_table")["b"]) == ["x", "y"]
+    assert r.table("region_events").empty and "start" in r.table("region_events").columns
+
+
+WRITER = """
+import sys, time
+from leaktrace.session import SessionWriter
+w = SessionWriter(sys.argv[1], flush_interval=0.2)
+i = 0
+print("ready", flush=True)
+while True:
+    w.append("rollup", {"t": float(i), "pid": 1, "rss": i, "pss": 0, "uss": 0, "anon": 0, "swap": 0, "shared": 0})
+    i += 1
+    time.sleep(0.01)
+"""
+
+
+def test_readable_after_sigkill(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "s")], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("ready")
+    time.sleep(1.5)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    r = SessionReader(tmp_path / "s")
+    assert not r.complete
+    df = r.table("rollup")
+    # ~150 rows appended in 1.5 s, flushed every 0.2 s: all but the last interval are on disk.
+    assert len(df) >= 80
+    assert list(df["rss"]) == list(range(len(df)))
+    assert r.skipped_parts == []
+
+
+def test_bad_sessions(tmp_path):
+    with pytest.raises(SessionError):
+        SessionReader(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SessionError):
+        SessionReader(tmp_path / "empty")
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "meta.json").write_text('{"schema": "leaktrace.sess')
+    with pytest.raises(SessionError):
+        SessionReader(tmp_path / "corrupt")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "meta.json").write_text(json.dumps({"schema": "something-else"}))
+    with pytest.raises(SessionError):
+        SessionReader(tmp_path / "other")
+
+
+def test_truncated_part_is_skipped(tmp_path):
+    w = SessionWriter(tmp_path / "s")
+    w.append("rollup", {"t": 0.0, "pid": 1, "rss": 1, "pss": 0, "uss": 0, "anon": 0, "swap": 0, "shared": 0})
+    w.flush()
+    w.append("rollup", {"t": 1.0, "pid": 1, "rss": 2, "pss": 0, "uss": 0, "anon": 0, "swap": 0, "shared": 0})
+    w.flush()
+    w.close(compact=False)
+    part = tmp_path / "s" / "tables" / "rollup" / "part-000001.parquet"
+    part.write_bytes(part.read_bytes()[:20])
+    r = SessionReader(tmp_path / "s")
+    assert list(r.table("rollup")["rss"]) == [1]
+    assert r.skipped_parts == ["tables/rollup/part-000001.parquet"]
+
+
+def test_unwritable_output(tmp_path):
+    with pytest.raises(OutputNotWritable):
+        SessionWriter("/proc/leaktrace-cannot-write-here")
