@@ -182,6 +182,7 @@ class Sampler:
         self.stacks_on_munmap = bool(config.get("stacks_on_munmap", True))
         self.out = open(config["out"], "a", buffering=1)  # noqa: SIM115 - lives as long as the sampling
         self.libs = None
+        self.symbols = {}
         self.python = PythonFrames()
         self.catchpoint = None
         self.active = False
@@ -353,6 +354,19 @@ class Sampler:
         if syscall != "munmap":
             self.samples += 1
 
+    def symbol_at(self, pc):
+        """(symbol, offset) of a code address, cached: the same call sites repeat in every stack."""
+        hit = self.symbols.get(pc)
+        if hit is None:
+            try:
+                m = ADDRESS_SYMBOL.search(gdb.format_address(pc))
+            except (gdb.error, RuntimeError, ValueError):
+                m = None
+            hit = (m.group("sym"), int(m.group("off") or 0)) if m else (None, None)
+            if len(self.symbols) < 100_000:
+                self.symbols[pc] = hit
+        return hit
+
     def backtrace(self, frame):
         frames = []
         level = 0
@@ -368,14 +382,9 @@ class Sampler:
             hit = self.libs.lookup(pc)
             path, file_offset = hit if hit else (None, None)
             name = frame.name()
-            symbol, offset = None, None
-            try:
-                m = ADDRESS_SYMBOL.search(gdb.format_address(lookup_pc))
-            except (gdb.error, RuntimeError, ValueError):
-                m = None
-            if m:
-                symbol = m.group("sym")
-                offset = int(m.group("off") or 0) + (pc - lookup_pc)
+            symbol, offset = self.symbol_at(lookup_pc)
+            if offset is not None:
+                offset += pc - lookup_pc
             if name and name != symbol:  # an inlined function: gdb's frame name is the precise one
                 symbol, offset = name, None
             entry = {"pc": pc, "library": os.path.basename(path) if path else None, "path": path,

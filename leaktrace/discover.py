@@ -38,7 +38,7 @@ _TITLE_LABEL = {"EngineCore": "engine-core", "Worker": "worker", "DPCoordinator"
 # Libraries of interest, by group; file names as mapped (wheels rename them with a hash suffix).
 LIB_GROUPS: dict[str, re.Pattern[str]] = {
     "ucx": re.compile(r"^libuc[pmst](-[0-9a-f]{8})?\.so|^libuct_\w+(-[0-9a-f]{8})?\.so|^libucm_\w+\.so"),
-    "nixl": re.compile(r"^libnixl|^libplugin_\w+\.so|^_bindings\.cpython.*nixl|nixl"),
+    "nixl": re.compile(r"^libnixl|^libplugin_\w+\.so"),
     "nccl": re.compile(r"^libnccl"),
     "cuda": re.compile(r"^libcuda\.so|^libcudart|^libcublas|^libnvidia|^libcupti"),
     "torch": re.compile(r"^libtorch|^libc10(_\w+)?\.so"),
@@ -132,11 +132,9 @@ def libs_of_interest(maps: list[procfs.Mapping]) -> dict[str, list[str]]:
             continue
         seen.add(name)
         for group, rx in LIB_GROUPS.items():
-            if group == "nixl":
-                if rx.search(m.path) and ("nixl" in m.path.lower()) and not LIB_GROUPS["ucx"].search(name):
-                    out.setdefault(group, []).append(name)
-                    break
-            elif rx.search(name):
+            if group == "nixl" and "nixl" not in m.path.lower():
+                continue  # libplugin_*.so of something else
+            if rx.search(name):
                 out.setdefault(group, []).append(name)
                 break
     return out

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace import procfs
-from leaktrace.errors import LeaktraceError, NoSuchProcess
+from leaktrace.errors import LeaktraceError, NoSuchProcess, OutputNotWritable
 from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
 from leaktrace.probes.watcher import WatcherProbe
 from leaktrace.session import SessionWriter
+from leaktrace.targetlock import TargetLocks
 
 # Optional probes: (name, "module:Class", enabled(options)). Each class is built as Class(options).
 # A probe whose module is absent or that raises a LeaktraceError on start is skipped with a warning,
@@ -90,12 +91,18 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     pids = list(dict.fromkeys(pids))
     for pid in pids:
         procfs.require_pid(pid)
-    session = SessionWriter(out, meta={
-        "target": {"pids": pids},
-        "options": {k: v for k, v in asdict(options).items() if k != "extra"},
-        "argv": procfs.redact_cmdline(sys.argv),
-        **(meta or {}),
-    })
+    locks = TargetLocks()  # one hunt per target process: a second one is refused (TargetBusy)
+    locks.acquire(pids, str(out))
+    try:
+        session = SessionWriter(out, meta={
+            "target": {"pids": pids},
+            "options": {k: v for k, v in asdict(options).items() if k != "extra"},
+            "argv": procfs.redact_cmdline(sys.argv),
+            **(meta or {}),
+        })
+    except BaseException:
+        locks.release()
+        raise
     targets = TargetSet(roots=pids)
     ctx = HuntContext(session=session, targets=targets, options=options, log=log)
     flag = _StopFlag()
@@ -178,10 +185,16 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
                       exited={str(k): v for k, v in targets.exited.items()}, probe_summaries=summaries,
                       labels={str(k): v for k, v in targets.labels.items()})
         flag.restore()
+        locks.release()
         if session.write_error is not None:
             ctx.warn(f"session write failed: {session.write_error}")
     if fatal is not None:
         raise fatal
+    if session.write_error is not None:
+        err = session.write_error
+        raise OutputNotWritable(f"writing the session {out} failed: {err.strerror or err}",
+                                "free space or choose another --out; what was written before the failure "
+                                f"stays readable: leaktrace report {out}")
     log(f"hunt stopped: {stop_reason} after {duration:.1f}s")
     report = None
     if write_reports:

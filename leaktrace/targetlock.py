@@ -65,12 +65,9 @@ class TargetLocks:
             raise
 
     def release(self) -> None:
-        for fd, path in self._files:
-            try:
-                # Unlink while still holding the lock, so a waiter never locks a file about to vanish.
-                path.unlink(missing_ok=True)
-            except OSError:
-                pass
+        # The files stay (a few bytes each, keyed by start time so never reused, in /run: gone at
+        # reboot): unlinking a lock file races with a hunt that opened it a moment before.
+        for fd, _path in self._files:
             os.close(fd)
         self._files = []
 

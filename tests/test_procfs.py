@@ -113,3 +113,11 @@ def test_glibc_arena_detected_in_threaded_process():
     finally:
         p.kill()
         p.wait()
+
+
+def test_compact_smaps_parser_agrees_with_full_parser():
+    for name in ("python.smaps", "leaker.smaps"):
+        text = (DATA / name).read_text()
+        full = procfs.parse_smaps(text)
+        compact = procfs.parse_smaps_compact(text)
+        assert [(m.start, m.end, m.perms, m.path, m.rss, m.anonymous) for m in full] == compact

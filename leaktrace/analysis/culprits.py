@@ -243,7 +243,7 @@ def ledger_candidates(reader: Any, info: dict[int, dict[str, Any]], warnings: li
     out = []
     for c in found:
         mbm = float(c.get("mb_per_min") or 0.0)
-        if mbm < th["ledger_mb_per_min"]:
+        if mbm < th["ledger_mb_per_min"] or float(c.get("confidence", 1.0)) < th["min_confidence"]:
             continue
         pid = int(c.get("pid", -1))
         p = info.get(pid, {})
@@ -442,7 +442,9 @@ def _add_gdb_stacks(reader: Any, cands: list[Candidate], warnings: list[str]) ->
             return
         if st:
             frames = [str(f) for f in st]
-            if not c.stack:
+            if len(frames) > len(c.stack):
+                # gdb unwinds with DWARF (no frame pointers needed): its path is the fuller one.
+                c.extra["ledger_stack"] = c.stack
                 c.stack = frames
             c.evidence.append("gdb sampled this call path at the mmap syscall: " + " ← ".join(frames[:6]))
 

@@ -44,6 +44,17 @@ def regions_from_smaps(mappings: list[Mapping]) -> list[Region]:
     return [Region(m.start, m.end, m.perms, m.path, c, m.rss, m.anonymous) for m, c in zip(mappings, classes, strict=True)]
 
 
+def read_regions(pid: int) -> list[Region]:
+    """Full smaps of ``pid`` as classified regions (the compact parser: this runs on every full tick)."""
+    text = procfs.read_proc_text(pid, "smaps")
+    if not text:
+        raise ProcessGone(pid, "smaps")
+    regions = [Region(s, e, perms, path, "", rss, anon) for s, e, perms, path, rss, anon in procfs.parse_smaps_compact(text)]
+    for r, c in zip(regions, classify_all(regions), strict=True):
+        r.cls = c
+    return regions
+
+
 def class_totals(regions: list[Region]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in regions:
@@ -316,7 +327,7 @@ class WatcherProbe:
     def _full_smaps(self, pid: int, now: float, snapshot: str | None = None) -> list[Region] | None:
         assert self.ctx is not None
         try:
-            regions = regions_from_smaps(procfs.read_smaps(pid))
+            regions = read_regions(pid)
         except (ProcessGone, AccessDenied):
             return None
         self.smaps_reads += 1

@@ -49,9 +49,38 @@ def _from_ledger(reader: Any) -> Stacks:
     return out
 
 
+def _from_ledger_tables(reader: Any) -> Stacks:
+    """Outstanding regions the bpf probe wrote at stop (``ledger_regions``, not pre-existing ones) by
+    call stack (``bpf_stacks``). Absent when the hunt was killed before the probe stopped."""
+    if reader is None or "ledger_regions" not in reader.tables():
+        return []
+    regs = reader.table("ledger_regions")
+    if regs.empty or not {"pid", "size", "stack_key"} <= set(regs.columns):
+        return []
+    if "preexisting" in regs.columns:
+        regs = regs[~regs["preexisting"].astype(bool)]
+    frames: dict[str, list[str]] = {}
+    if "bpf_stacks" in reader.tables():
+        st = reader.table("bpf_stacks")
+        if not st.empty and {"stack_key", "frames"} <= set(st.columns):
+            frames = {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in st.itertuples()}
+    out: Stacks = []
+    by = regs.groupby(["pid", "stack_key", "library"] if "library" in regs.columns else ["pid", "stack_key"],
+                      dropna=False)["size"].sum()
+    for key, size in by.items():
+        pid, skey = key[0], key[1]
+        lib = key[2] if len(key) > 2 else None
+        stack = frames.get(str(skey)) or ([f"{lib} (no stack)"] if lib else [str(skey)])
+        out.append(([f"pid {pid}"] + [_clean_frame(f) for f in reversed(stack)], int(size)))
+    return out
+
+
 def collect_stacks(report: dict[str, Any], reader: Any = None) -> tuple[Stacks, str]:
     """(stacks, source) where source is "ledger", "culprits" or "watcher-classes"."""
-    stacks = _from_ledger(reader)
+    stacks = _from_ledger(reader) or _from_ledger_tables(reader)
+    if stacks:
+        labels = {f"pid {p['pid']}": f"{p['label']} ({p['pid']})" for p in report.get("processes", [])}
+        return [([labels.get(fr[0], fr[0]), *fr[1:]], n) for fr, n in stacks], "ledger"
     if stacks:
         return stacks, "ledger"
     for c in report.get("culprits", []):

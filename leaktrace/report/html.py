@@ -93,14 +93,28 @@ def regions_svg(regions: list[dict[str, Any]]) -> str:
     return _svg(fig)
 
 
+def _snapshots_by_library(reader: Any, top: int = 8) -> pd.DataFrame | None:
+    """Outstanding bytes per library per tick from ``ledger_snapshots`` (summed over processes)."""
+    if "ledger_snapshots" not in reader.tables():
+        return None
+    snaps = reader.table("ledger_snapshots")
+    if snaps.empty or not {"t", "library", "outstanding_bytes"} <= set(snaps.columns):
+        return None
+    if "kind" in snaps.columns:
+        snaps = snaps[snaps["kind"] != "preexisting"]
+    df = snaps.groupby(["t", "library"], as_index=False)["outstanding_bytes"].sum()
+    last = df[df["t"] == df["t"].max()].nlargest(top, "outstanding_bytes")["library"]
+    return df[df["library"].isin(set(last))].rename(columns={"outstanding_bytes": "bytes"})
+
+
 def _ledger_over_time_svg(reader: Any) -> str:
     from leaktrace.analysis.culprits import optional
 
-    fn = optional("leaktrace.analysis.ledger", "outstanding_over_time")
-    if fn is None or reader is None:
+    if reader is None:
         return ""
+    fn = optional("leaktrace.analysis.ledger", "outstanding_over_time")
     try:
-        df = fn(reader)
+        df = fn(reader) if fn is not None else _snapshots_by_library(reader)
     except Exception:  # noqa: BLE001 - optional plot
         return ""
     if df is None or len(df) == 0 or not {"t", "bytes"} <= set(df.columns):

@@ -98,8 +98,7 @@ def start_server(name: str, port: int, kv: dict | None = None, env: dict[str, st
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{name}-{port}.log"
     argv = [str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8",
-            "--disable-log-stats"]
+            "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8"]
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv)]
     full_env = base_env(env)
@@ -201,6 +200,8 @@ def start_pd(prefill_port: int = 8110, decode_port: int = 8120, proxy_port: int 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "single"
     t0 = time.monotonic()
+    # Background jobs ignore SIGINT: let SIGTERM stop the servers too.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if mode == "pd":
         p, d, x = start_pd()
         print(f"P/D ready in {time.monotonic() - t0:.0f}s: prefill {p.pid}:{p.port} decode {d.pid}:{d.port} "
