@@ -81,8 +81,10 @@ def bpftrace(work: Workload, runs: int) -> float | None:
     bt = subprocess.Popen(["bpftrace", str(ANCHOR), str(work.pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
     assert bt.stdout is not None
-    line = bt.stdout.readline()  # "Attaching N probes..."
-    if "Attaching" not in line:
+    for _ in range(5):  # "Attaching N probes...", maybe after a RLIMIT_MEMLOCK warning
+        if "Attaching" in bt.stdout.readline():
+            break
+    else:
         bt.kill()
         return None
     time.sleep(0.5)
@@ -105,28 +107,45 @@ def main() -> None:
         return
     work = Workload(args.pairs, args.size)
     idle = subprocess.Popen(["sleep", "600"])
+    # The machine is shared: interleave untraced and traced rounds and take the median of the
+    # per-pair ratios, so drift in the background load cancels out.
+    ratios: dict[str, list[float]] = {"leaktrace": [], "unrelated": []}
+    secs: dict[str, list[float]] = {"untraced": [], "leaktrace": [], "unrelated": []}
+    lt: dict = {}
     try:
-        base = work.median(args.runs)
-        lt = traced(work.pid, work, args.runs)
-        unrelated = traced(idle.pid, work, args.runs)
-        anchor = bpftrace(work, args.runs)
-        base2 = work.median(args.runs)  # the machine is shared: bracket the traced runs
+        work.round()  # warm-up
+        for _ in range(args.runs):
+            for name, pid in (("leaktrace", work.pid), ("unrelated", idle.pid)):
+                u = work.round()
+                r = traced(pid, work, 1)
+                secs["untraced"].append(u)
+                secs[name].append(r["median_s"])
+                ratios[name].append(r["median_s"] / u)
+                if name == "leaktrace":
+                    lt = {k: lt.get(k, 0) + r[k] for k in ("events", "lost_events", "slow_events",
+                                                             "settled_in_kernel")}
+                    lt["outstanding_bytes"] = r["outstanding_bytes"]
+        before = work.median(max(2, args.runs // 2))
+        anchor = bpftrace(work, max(2, args.runs // 2))
+        after = work.median(max(2, args.runs // 2))
     finally:
         work.close()
         idle.kill()
         idle.wait()
-    untraced = min(base, base2)
+    med = {k: statistics.median(v) for k, v in secs.items()}
     calls = 2 * args.pairs
     res = {
         "pairs": args.pairs, "size": args.size, "runs": args.runs,
-        "untraced_s": untraced, "untraced_s_before_after": [base, base2],
-        "leaktrace_s": lt["median_s"], "leaktrace_ratio": lt["median_s"] / untraced,
-        "leaktrace_events_per_s": calls / lt["median_s"],
+        "untraced_s": med["untraced"],
+        "leaktrace_s": med["leaktrace"], "leaktrace_ratio": statistics.median(ratios["leaktrace"]),
+        "leaktrace_ratios": ratios["leaktrace"],
+        "leaktrace_events_per_s": calls / med["leaktrace"],
         "leaktrace_events": lt["events"], "leaktrace_lost_events": lt["lost_events"],
         "leaktrace_slow_events": lt["slow_events"], "leaktrace_settled_in_kernel": lt["settled_in_kernel"],
         "leaktrace_outstanding_bytes_after": lt["outstanding_bytes"],
-        "unrelated_s": unrelated["median_s"], "unrelated_ratio": unrelated["median_s"] / untraced,
-        "bpftrace_s": anchor, "bpftrace_ratio": anchor / untraced if anchor else None,
+        "unrelated_s": med["unrelated"], "unrelated_ratio": statistics.median(ratios["unrelated"]),
+        "bpftrace_s": anchor, "bpftrace_ratio": anchor / min(before, after) if anchor else None,
+        "bpftrace_bracket_untraced_s": [before, after],
     }
     text = json.dumps(res, indent=2)
     print(text)

@@ -177,7 +177,7 @@ class Sampler:
         self.pause_fraction = float(config.get("pause_fraction", 0.01))
         self.budget_floor_s = float(config.get("budget_floor_s", 10.0))
         self.max_stops_per_s = float(config.get("max_stops_per_s", 100.0))
-        self.per_stop_overhead_s = float(config.get("per_stop_overhead_us", 50.0)) / 1e6
+        self.per_stop_overhead_s = float(config.get("per_stop_overhead_us", 150.0)) / 1e6
         self.max_frames = int(config.get("max_frames", 64))
         self.stacks_on_munmap = bool(config.get("stacks_on_munmap", True))
         self.out = open(config["out"], "a", buffering=1)  # noqa: SIM115 - lives as long as the sampling

@@ -84,6 +84,23 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
+def describe_target(pid: int) -> dict[str, Any]:
+    """What the user pointed at, for meta.json: redacted command line and the allow-listed settings of
+    its environment (values of every other key never reach disk; only their number is kept)."""
+    from leaktrace.errors import AccessDenied, ProcessGone
+
+    out: dict[str, Any] = {"pid": pid}
+    try:
+        out["comm"] = procfs.read_comm(pid)
+        out["cmdline"] = procfs.read_cmdline(pid)
+        env = procfs.read_environ(pid)
+        out["environ"] = {k: v for k, v in env.items() if v != procfs.REDACTED}
+        out["environ_redacted_keys"] = sum(1 for v in env.values() if v == procfs.REDACTED)
+    except (ProcessGone, AccessDenied) as e:
+        out["error"] = str(e)
+    return out
+
+
 def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
              log: Callable[[str], None] = lambda s: None, meta: dict[str, Any] | None = None,
              stop: threading.Event | None = None, write_reports: bool = True,

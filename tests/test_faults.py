@@ -191,14 +191,13 @@ def test_two_hunts_on_one_target(tmp_path, spawn, leaker_bin):
 
 
 FILL = """
-import sys
-with open(sys.argv[1], "wb") as f:
-    try:
-        while True:
-            f.write(b"x" * 4096)
-            f.flush()
-    except OSError:
-        pass
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"x" * 4096)
+except OSError:
+    pass
 """
 
 

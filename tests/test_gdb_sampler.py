@@ -166,6 +166,17 @@ def test_each_process_of_the_tree_in_turn(spawn, leaker_bin, tmp_path):
         assert proc_state(pid) not in (None, "T", "t") and tracer_of(pid) == 0
 
 
+def test_default_policy_samples_only_what_grows(spawn, leaker_bin, tmp_path):
+    grower = spawn([leaker_bin, "--leak-kib-per-s", "8192", "--chunk-kib", "1024"])  # 8 MiB/s, touched
+    quiet = spawn(["sleep", "60"], ready=None)
+    res = run_cli("hunt", "--pid", grower.pid, "--pid", quiet.pid, "--no-bpf", "--duration", "5",
+                  "--interval", "0.5", "--out", tmp_path / "s", "--format", "json", timeout=120)
+    assert res.returncode == 0, res.stderr
+    runs = SessionReader(tmp_path / "s").table("gdb_runs")
+    assert list(runs["pid"]) == [grower.pid], runs.to_dict("records")
+    assert runs["samples"].iloc[0] >= 1 and runs["state_after"].iloc[0] not in ("T", "t")
+
+
 def test_hunt_without_gdb_says_so_in_one_line(spawn, gdb_target_bin, tmp_path):
     target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5"])
     env = {"PATH": "/nonexistent", "LEAKTRACE_GDB": ""}
