@@ -115,6 +115,10 @@ class PythonFrames:
     def __init__(self):
         self.libpython = None
         self.status = "n/a: not a Python process"
+        self.fast = False
+        self.entry_field = ""
+        self.codes = {}
+        self.lines = {}
 
     def load(self):
         interpreters = [o.filename for o in gdb.objfiles()
@@ -143,14 +147,72 @@ class PythonFrames:
                     return
                 self.libpython = namespace
                 self.status = f"ok: {candidate}"
+                self._prepare_fast_path()
                 return
         self.status = ("unavailable: no gdb extension for " + ", ".join(interpreters)
                        + " (looked for " + ", ".join(tried[:3]) + "; install python3.X-dbg)")
+
+    def _prepare_fast_path(self):
+        """Use the cached walk when the interpreter frame has the fields it reads (3.11, 3.12). Looking
+        the types up here also expands their debug info now, during the attach, instead of at the
+        first sample (tens of ms with the thread stopped)."""
+        try:
+            fields = {f.name for f in gdb.lookup_type("_PyInterpreterFrame").fields()}
+            code_fields = {f.name for f in gdb.lookup_type("PyCodeObject").fields()}
+            gdb.lookup_symbol(EVAL_FRAME)
+        except (gdb.error, RuntimeError):
+            return
+        if {"f_code", "prev_instr", "previous"} <= fields and "co_code_adaptive" in code_fields:
+            self.entry_field = "is_entry" if "is_entry" in fields else ("owner" if "owner" in fields else "")
+            self.fast = bool(self.entry_field)
 
     def frames_of(self, gdb_frame):
         """Python frames run by this C frame, innermost first; None when it is not an eval frame."""
         if self.libpython is None or gdb_frame.name() != EVAL_FRAME:
             return None
+        if self.fast:
+            try:
+                return self._frames_fast(gdb_frame)
+            except Exception:  # noqa: BLE001 - another interpreter layout: use the extension's own walk
+                self.fast = False
+        return self._frames_generic(gdb_frame)
+
+    def _frames_fast(self, gdb_frame):
+        """The 3.11/3.12 _PyInterpreterFrame walk with names and line numbers cached per code object
+        and bytecode offset: ~10x cheaper per stop than the extension's PyFramePtr, which re-reads
+        every code object's fields on each frame."""
+        out = []
+        iframe = gdb_frame.read_var("frame")
+        while int(iframe) != 0 and len(out) < 64:
+            code = iframe["f_code"]
+            key = int(code)
+            info = self.codes.get(key)
+            if info is None:
+                co = self.libpython["PyCodeObjectPtr"].from_pyobject_ptr(code)
+                first = int(code["co_code_adaptive"].address)
+                info = (co.pyop_field("co_name").proxyval(set()), co.pyop_field("co_filename").proxyval(set()),
+                        first, co)
+                if len(self.codes) < 50_000:
+                    self.codes[key] = info
+            name, filename, first, co = info
+            lasti = (int(iframe["prev_instr"]) - first) // 2  # in _Py_CODEUNITs, as the extension counts
+            line = self.lines.get((key, lasti))
+            if line is None:
+                try:
+                    line = co.addr2line(lasti)
+                except Exception:  # noqa: BLE001 - the extension's own guard (bpo-34989)
+                    line = None
+                if len(self.lines) < 200_000:
+                    self.lines[(key, lasti)] = line
+            out.append({"func": name, "file": filename, "line": line})
+            if "is_entry" in self.entry_field and bool(iframe["is_entry"]):
+                break
+            if self.entry_field == "owner" and int(iframe["owner"]) == 3:  # FRAME_OWNED_BY_CSTACK (3.12)
+                break
+            iframe = iframe["previous"]
+        return out
+
+    def _frames_generic(self, gdb_frame):
         out = []
         try:
             pyframe = self.libpython["Frame"](gdb_frame).get_pyop()
@@ -213,6 +275,7 @@ class Sampler:
         self.libs = LibraryRanges(self.pid)
         self.catchpoint = self._catch_syscalls()
         self.python.load()
+        self.prewarm()
         gdb.events.stop.connect(self.on_stop)
         gdb.events.exited.connect(self.on_exited)
         gdb.events.gdb_exiting.connect(self.on_gdb_exiting)
@@ -225,6 +288,17 @@ class Sampler:
         self.emit({"type": "attached", "pid": self.pid, "t_mono": self.t_start, "attach_s": attach_s,
                    "threads": len(gdb.selected_inferior().threads()), "python": self.python.status,
                    "state_before": self.state_before})
+
+    def prewarm(self):
+        """Unwind every thread once while the process is stopped for the attach anyway: gdb expands
+        the debug info and unwind tables of the libraries on those stacks now, not at the first sample
+        (tens of ms with that thread stopped, e.g. through libpython)."""
+        for thread in list(gdb.selected_inferior().threads())[:64]:
+            try:
+                thread.switch()
+                self.backtrace(gdb.newest_frame())
+            except gdb.error:
+                continue
 
     def _catch_syscalls(self):
         before = {b.number for b in gdb.breakpoints()}

@@ -184,16 +184,24 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     ``session_path`` under the shared directory). Never raises for a failed hunt: the reason travels back."""
     t0 = time.monotonic()
     ident = node_identity()
-    result: dict[str, Any] = {**ident, "status": "failed", "reason": None, "targets": [], "rc": None,
+    result: dict[str, Any] = {**ident, "status": "failed", "reason": None, "no_targets": False,
+                              "targets": [], "rc": None,
                               "stderr_tail": "", "session_tar": None, "session_path": None}
     argv = [sys.executable, "-m", "leaktrace", "hunt", "--duration", str(request["duration"]), "--no-live",
             *request["hunt_args"]]
     if request["vllm"]:
+        found = _vllm_roots()
+        if found == []:
+            result["no_targets"] = True
+            result["reason"] = "no vLLM server on this node"
+            return _finish(result, t0)
+        result["targets"] = [{"pid": p} for p in found or []]
         argv.append("--vllm")
     elif request["match"] is not None:
         targets = match_processes(request["match"])
         result["targets"] = targets
         if not targets:
+            result["no_targets"] = True
             result["reason"] = f"no process on this node matches --match {request['match']!r}"
             return _finish(result, t0)
         for t in targets:
@@ -201,6 +209,7 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     else:
         result["targets"] = [{"pid": p} for p in node_pids]
         if not node_pids:
+            result["no_targets"] = True
             result["reason"] = "no --pid was given for this node"
             return _finish(result, t0)
         for p in node_pids:
@@ -247,6 +256,18 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
     return _finish(result, t0)
+
+
+def _vllm_roots() -> list[int] | None:
+    """The vLLM servers on this node (None: discovery not in this build; the hunt then decides)."""
+    try:
+        from leaktrace.discover import vllm_targets
+    except ImportError:
+        return None
+    try:
+        return list(vllm_targets())
+    except Exception:  # noqa: BLE001 - let `leaktrace hunt --vllm` report the problem in its own words
+        return None
 
 
 def _finish(result: dict[str, Any], t0: float) -> dict[str, Any]:
@@ -304,9 +325,12 @@ def _one_line(e: BaseException) -> str:
 
 
 def node_matches(node: dict[str, Any], selector: str) -> bool:
+    """A node is named by its IP, its hostname, a node-id prefix (6+ hex digits) or a custom resource it
+    was started with (``ray start --resources '{"gpu-node-7": 1}'``: on Kubernetes, the k8s node name)."""
     sel = selector.strip()
     return bool(sel) and (sel == node.get("NodeManagerAddress") or sel == node.get("NodeManagerHostname")
-                          or (len(sel) >= 6 and str(node.get("NodeID", "")).startswith(sel)))
+                          or (len(sel) >= 6 and str(node.get("NodeID", "")).startswith(sel))
+                          or sel in (node.get("Resources") or {}))
 
 
 def select_nodes(all_nodes: list[dict[str, Any]], request: ClusterRequest) -> list[dict[str, Any]]:
@@ -427,6 +451,7 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
         node_entries.append({
             "node_id": n["NodeID"], "hostname": a.get("hostname") or n.get("NodeManagerHostname"),
             "ip": n.get("NodeManagerAddress"), "status": a["status"], "reason": a.get("reason"),
+            "no_targets": bool(a.get("no_targets")),
             "targets": a.get("targets", []), "rc": a.get("rc"), "elapsed_s": a.get("elapsed_s"),
             "session": session, "stderr_tail": a.get("stderr_tail", ""),
         })
@@ -537,6 +562,7 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
                 "reason": entry.get("reason") if not ok else None,
                 "verdict": rep.get("verdict") if ok else None,
                 "culprits": [_tag(c, entry) for c in rep.get("culprits", [])] if ok else [],
+                "no_targets": bool(entry.get("no_targets")) and not ok,
                 "session": entry.get("session"), "targets": entry.get("targets", []),
                 "duration_s": rep.get("duration_s") if rep else None,
                 "stop_reason": rep.get("stop_reason") if rep else None}
@@ -563,9 +589,12 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
     culprits.sort(key=lambda c: (-(c.get("mb_per_min") or 0.0), -(c.get("outstanding_bytes") or 0)))
 
     verdicts = [n["verdict"] for n in nodes_out if n["status"] == "ok"]
+    # A node with nothing to hunt (no vLLM there, no match) does not make a clean cluster doubtful; a node
+    # whose hunt failed does.
+    hunted = [n for n in nodes_out if not n["no_targets"]]
     if "leak" in verdicts:
         verdict = "leak"
-    elif verdicts and len(verdicts) == len(nodes_out) and all(v == "no-leak" for v in verdicts):
+    elif verdicts and len(verdicts) == len(hunted) and all(v == "no-leak" for v in verdicts):
         verdict = "no-leak"
     else:
         verdict = "inconclusive"
@@ -643,7 +672,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         top = n["culprits"][0] if n["culprits"] else None
         top_s = (f"{top['kind']} {top.get('library') or ''} pid {top['pid']} {top['mb_per_min']:.2f} MB/min"
                  if top else "—")
-        lines.append(f"| {n['hostname']} | {n.get('ip') or ''} | `{str(n['node_id'])[:12]}` | {n['status']} | "
+        status = n["status"] + (" (no targets)" if n.get("no_targets") else "")
+        lines.append(f"| {n['hostname']} | {n.get('ip') or ''} | `{str(n['node_id'])[:12]}` | {status} | "
                      f"{n['verdict'] or '—'} | {top_s} | {n['reason'] or ''} |")
     if report["roles"]:
         lines += ["", "## vLLM instances by role (prefill vs decode)", "",

@@ -108,7 +108,9 @@ def parse_maps_line(line: str) -> Mapping:
 
 def parse_maps(text: str) -> list[Mapping]:
     out: list[Mapping] = []
-    for line in text.splitlines():
+    # Only "\n" ends a line: file names may hold \r, \x0c, \x1e, \u2028… which str.splitlines()
+    # would also split on (the kernel escapes nothing but "\n" in paths).
+    for line in text.split("\n"):
         if line.strip():
             out.append(parse_maps_line(line))
     return out

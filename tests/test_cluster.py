@@ -163,14 +163,15 @@ def test_match_names_leaking_node_and_clean_node(ray_cluster, tmp_path: Path) ->
 
 
 def test_failed_node_is_reported_and_others_complete(ray_cluster, tmp_path: Path) -> None:
-    # A PID that existed on lt-c and is gone by the time the hunt starts there.
+    # A PID that existed on lt-c and is gone by the time the hunt starts there. lt-c is named by the
+    # custom resource it was started with, lt-b by hostname, the head by IP.
     gone = subprocess.run([*ray_cluster.node("lt-c").enter(), "sh", "-c", "echo $$"], capture_output=True,
                           text=True, timeout=10, check=True)
     gone_pid = int(gone.stdout.strip())
     head_pid, b_pid = ray_cluster.fixtures["lt-head"].pid, ray_cluster.fixtures["lt-b"].pid
     out = tmp_path / "hunt"
     r = cluster_cli(ray_cluster, "hunt", "--address", ray_cluster.address, "--pid", f"127.0.0.2={head_pid}",
-                    "--pid", f"lt-b={b_pid}", "--pid", f"lt-c={gone_pid}", "--duration", HUNT_S, "--no-gdb",
+                    "--pid", f"lt-b={b_pid}", "--pid", f"lt_lt-c={gone_pid}", "--duration", HUNT_S, "--no-gdb",
                     "--out", out)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
@@ -195,3 +196,15 @@ def test_unreachable_address_is_one_line_error(ray_cluster) -> None:
                     timeout=60)
     assert r.returncode == 10, r.stderr
     assert r.stderr.count("\n") == 1 and "no Ray head answers at 127.0.0.2:1" in r.stderr
+
+
+def test_node_without_vllm_is_reported_without_targets(ray_cluster, tmp_path: Path) -> None:
+    out = tmp_path / "hunt"
+    r = cluster_cli(ray_cluster, "hunt", "--address", ray_cluster.address, "--vllm", "--nodes", "lt-c",
+                    "--duration", 5, "--out", out, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    (c,) = report["nodes"]
+    assert c["hostname"] == "lt-c" and c["status"] == "failed" and c["no_targets"], c
+    assert c["reason"] == "no vLLM server on this node"
+    assert report["verdict"] == "inconclusive" and report["culprits"] == []

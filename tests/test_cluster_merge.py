@@ -100,12 +100,18 @@ def test_merge_roles_recurring_and_failed_nodes(tmp_path: Path) -> None:
     assert "| prefill | prefill-0 |" in md and "| decode | decode-0 |" in md and "## Failed nodes" in md
 
 
-def test_all_clean_is_no_leak_but_a_failed_node_makes_it_inconclusive() -> None:
+def test_verdict_clean_failed_and_nodes_without_targets() -> None:
     ok = {"node_id": "a" * 56, "hostname": "n1", "status": "ok"}
     clean = _node_report("no-leak", [], [_proc(1, "worker", 0.0)])
     assert merge_reports({}, [(ok, clean)])["verdict"] == "no-leak"
     failed = {"node_id": "b" * 56, "hostname": "n2", "status": "failed", "reason": "node died"}
     assert merge_reports({}, [(ok, clean), (failed, None)])["verdict"] == "inconclusive"
+    nothing_there = {"node_id": "c" * 56, "hostname": "n3", "status": "failed", "no_targets": True,
+                     "reason": "no vLLM server on this node"}
+    rep = merge_reports({}, [(ok, clean), (nothing_there, None)])
+    assert rep["verdict"] == "no-leak"
+    assert rep["nodes"][1]["status"] == "failed" and rep["nodes"][1]["no_targets"]
+    assert merge_reports({}, [(nothing_there, None)])["verdict"] == "inconclusive"
 
 
 def test_cluster_report_on_a_plain_directory_is_a_session_error(tmp_path: Path) -> None:

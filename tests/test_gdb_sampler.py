@@ -109,7 +109,7 @@ def start_hunt(pid: int, out: Path, *extra: str) -> subprocess.Popen:
 
 
 def test_hunt_ctrl_c_detaches_and_session_joins_stacks(spawn, gdb_target_bin, tmp_path):
-    target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "5"])
+    target = spawn([gdb_target_bin, "--threads", "2", "--per-thread-per-s", "3"])
     hunt = start_hunt(target.pid, tmp_path / "s", "--gdb-samples", "100000")
     try:
         assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"
@@ -138,7 +138,7 @@ def test_hunt_ctrl_c_detaches_and_session_joins_stacks(spawn, gdb_target_bin, tm
 
 
 def test_sigkill_of_leaktrace_mid_sampling_leaves_target_running(spawn, gdb_target_bin, tmp_path):
-    target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "5"])
+    target = spawn([gdb_target_bin, "--threads", "2", "--per-thread-per-s", "3"])
     hunt = start_hunt(target.pid, tmp_path / "s", "--gdb-samples", "100000")
     try:
         assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"

@@ -24,9 +24,10 @@ def cluster() -> None:
 @click.option("--match", "match", default=None, metavar="REGEX",
               help="On each node, hunt the processes whose command line matches REGEX (re.search).")
 @click.option("--pid", "pids", multiple=True, metavar="[NODE=]PID",
-              help="Hunt PID; NODE (IP, hostname or node-id prefix) says on which node. Repeatable.")
+              help="Hunt PID; NODE (IP, hostname, node-id prefix or custom resource) says on which node. "
+                   "Repeatable.")
 @click.option("--nodes", "node_selectors", default="", metavar="NODE,...",
-              help="Only these nodes (IP, hostname or node-id prefix); default: every alive node "
+              help="Only these nodes (IP, hostname, node-id prefix or custom resource); default: every alive node "
                    "(or the nodes named by --pid NODE=PID).")
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds to hunt on each node.")
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between watcher ticks.")

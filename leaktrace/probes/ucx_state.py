@@ -1,0 +1,64 @@
+"""The ucx probe: effective UCX state of every target that maps UCX (see leaktrace.ucx).
+
+Writes the ``ucx_state`` table: one row per process when first seen with UCX mapped, and again whenever
+a value changes (vLLM and NIXL set UCX_* in-process at run time, lazily, just before importing nixl),
+plus a last row at stop. Reading costs a few milliseconds per process and never stops it. The culprit
+rules read this table for the remedy (effective values and where each came from).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leaktrace import procfs, ucx
+from leaktrace.errors import LeaktraceError
+from leaktrace.probes import HuntContext, HuntOptions
+
+_COMPARED = ("hooks_active", "hook_mode", "rcache_max_unreleased", "rcache_enable", "ucx_libs")
+
+
+class UcxStateProbe:
+    name = "ucx"
+
+    def __init__(self, options: HuntOptions, every: int = 10) -> None:
+        self.options = options
+        self.every = every
+        self.ctx: HuntContext | None = None
+        self.last: dict[int, dict[str, Any]] = {}
+        self._ticks = 0
+
+    def start(self, ctx: HuntContext) -> None:
+        self.ctx = ctx
+        self._scan(force=True)
+
+    def _scan(self, force: bool = False) -> None:
+        assert self.ctx is not None
+        for pid in self.ctx.targets.live():
+            if pid in self.last and not force and self._ticks % self.every:
+                continue
+            try:
+                maps = procfs.read_maps(pid)
+                if not any(m.path and ucx.UCX_LIB_RE.search(m.path) for m in maps):
+                    continue
+                cfg = ucx.read_ucx_config(pid)
+            except (LeaktraceError, OSError, ValueError):
+                continue  # gone, or unreadable: the watcher reports processes that vanish
+            row = cfg.as_row(self.ctx.session.now())
+            prev = self.last.get(pid)
+            if prev is None or force or any(prev.get(k) != row.get(k) for k in _COMPARED):
+                self.ctx.session.append("ucx_state", row)
+                if prev is None and cfg.leak_prone:
+                    self.ctx.log(f"ucx: pid {pid} has UCX memory hooks on with an unbounded invalidation "
+                                 f"queue ({cfg.hook_mode}, UCX_RCACHE_MAX_UNRELEASED={cfg.rcache_max_unreleased})")
+            self.last[pid] = row
+
+    def tick(self, now: float) -> None:
+        self._ticks += 1
+        self._scan()
+
+    def stop(self) -> None:
+        if self.ctx is not None:
+            self._scan(force=True)
+
+    def summary(self) -> dict[str, Any]:
+        return {str(pid): {k: r.get(k) for k in (*_COMPARED, "leak_prone")} for pid, r in self.last.items()}

@@ -1,0 +1,89 @@
+"""The vllm probe (``hunt --vllm``): records discovery into the session.
+
+At start: the ``vllm_processes`` table (one row per discovered process: label, title, instance, role,
+port, libraries, settings with their sources) and ``instances`` in meta.json; it also publishes the
+instances in ``ctx.live["vllm"]`` so the metrics probe knows which /metrics to scrape, and labels the
+target set. Every ``rediscover_every`` ticks it looks again, so processes born later (a restarted
+worker) are labelled too; a role learnt later (decode receives its first KV) updates the meta.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from leaktrace.discover import discover, instances
+from leaktrace.errors import LeaktraceError
+from leaktrace.probes import HuntContext, HuntOptions
+
+
+class VllmProbe:
+    name = "vllm"
+
+    def __init__(self, options: HuntOptions, rediscover_every: int = 15) -> None:
+        self.options = options
+        self.rediscover_every = rediscover_every
+        self.ctx: HuntContext | None = None
+        self.seen: set[int] = set()
+        self.instances: list[dict[str, Any]] = []
+        self._ticks = 0
+
+    def start(self, ctx: HuntContext) -> None:
+        self.ctx = ctx
+        self._record(first=True)
+        if not self.instances:
+            ctx.warn("vllm: no vLLM server found among the targets; the hunt goes on with what it can see")
+
+    def _record(self, first: bool = False) -> None:
+        assert self.ctx is not None
+        ctx = self.ctx
+        try:
+            procs = discover(ctx.targets.roots or None, with_metrics=True)
+        except LeaktraceError as e:
+            ctx.warn(f"vllm: discovery failed: {e}")
+            return
+        t = ctx.session.now()
+        rows = []
+        for p in procs:
+            if p["pid"] in self.seen:
+                continue
+            self.seen.add(p["pid"])
+            rows.append({"t": t, "pid": p["pid"], "ppid": p["ppid"], "label": p["label"],
+                         "title": p.get("title"), "instance": p.get("instance"), "role": p["role"],
+                         "role_source": p.get("role_source"), "port": p.get("port"), "model": p.get("model"),
+                         "libs": ",".join(p["libs"]), "lib_groups": ",".join(p["lib_groups"]),
+                         "config": json.dumps(p["config"], default=str)})
+            with ctx.targets.lock:
+                ctx.targets.labels[p["pid"]] = p.get("title") or p["label"]
+        ctx.session.append("vllm_processes", rows)
+        insts = instances(procs)
+        host_of = {p["pid"]: p for p in procs}
+        for i in insts:
+            api = host_of.get(i["instance"], {})
+            i["host"] = "127.0.0.1"
+            if api.get("cmdline") and "--host" in api["cmdline"]:
+                parts = api["cmdline"].split()
+                i["host"] = parts[parts.index("--host") + 1] if parts.index("--host") + 1 < len(parts) else None
+        if first or _roles(insts) != _roles(self.instances) or len(insts) != len(self.instances):
+            self.instances = insts
+            ctx.session.update_meta(instances=insts)
+            ctx.live["vllm"] = {"instances": insts}
+            for i in insts:
+                ctx.log(f"vllm: instance {i['instance']} role={i['role']} port={i.get('port')} "
+                        f"processes={len(i['pids'])}")
+
+    def tick(self, now: float) -> None:
+        self._ticks += 1
+        if self._ticks % self.rediscover_every == 0:
+            self._record()
+
+    def stop(self) -> None:
+        if self.ctx is not None:
+            self._record()
+
+    def summary(self) -> dict[str, Any]:
+        return {"instances": [{k: i.get(k) for k in ("instance", "role", "port", "pids")} for i in self.instances]}
+
+
+def _roles(insts: list[dict[str, Any]]) -> dict[int, str]:
+    return {i["instance"]: i["role"] for i in insts}
