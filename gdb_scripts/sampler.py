@@ -1,18 +1,27 @@
 """leaktrace's in-gdb stack sampler: runs inside gdb's own Python (``gdb -x sampler.py``).
 
-Handling each stop here costs ~0.1 ms; driving every stop over MI from another process costs ~3 ms.
-The driver (leaktrace/probes/gdb.py) talks to gdb over MI only to start and stop this program:
+Handling a stop here costs ~0.2 ms (the target sees ~0.4 ms per stop, bench/bench_gdb.py); driving
+every stop over MI from another process costs ~1.5–4 ms. The driver (leaktrace/probes/gdb.py) talks to gdb over MI only to start and stop this program:
 
     leaktrace-sample CONFIG.json   attach to config["pid"] and sample in the background (returns at once)
     leaktrace-stop [REASON]        detach now (idempotent)
 
-How it samples: ``catch syscall mmap munmap mremap`` (changes no code in the target, unlike a
-breakpoint) in non-stop mode, so only the thread that made the syscall is stopped. Each syscall stops
-twice (entry and exit); the entry stop is resumed at once, the exit stop records the result and the
-backtrace, then resumes the thread. Signals pass through untouched (sampler_settings.gdb).
+How it samples: ``catch syscall mmap munmap mremap`` (PTRACE_SYSCALL: writes no code into the target,
+unlike a breakpoint) in non-stop mode, so only the thread that made the syscall is stopped. Each syscall
+stops twice (entry and exit); the entry stop is resumed at once, the exit stop records the result and
+the backtrace, then resumes the thread. Signals pass through untouched (sampler_settings.gdb).
+
+Attach sequence: ``attach`` (every thread stops; shared-library symbols are *not* read then), ``continue
+-a &`` at once (the whole-process pause is ``attach_s``, ~0.1–0.2 s even with torch loaded, against
+~8 s when gdb reads torch's symbols first), then ``sharedlibrary`` while the target runs
+(``symbols_s``), the catchpoint, and ``interrupt -a`` so that each thread is resumed once more, now
+under syscall tracing. The one byte gdb itself writes while attached is its dynamic-linker event
+breakpoint in ld.so (it tracks dlopen); detach removes it, and tests check every end path leaves the
+target's code identical to its files.
 
 Output: JSON lines appended to config["out"], one object per line:
-    {"type": "attached", "pid", "t_mono", "attach_s", "threads", "python": status, "state_before"}
+    {"type": "attached", "pid", "t_mono", "attach_s", "symbols_s", "threads", "python": status,
+     "state_before"}
     {"type": "sample", "pid", "tid", "t_mono", "syscall", "nr", "addr", "length", "old_addr",
      "old_length", "result", "error", "stop_us", "frames": [{"pc", "library", "path", "symbol", "offset",
      "file_offset", "python"?}, ...]}
@@ -116,6 +125,7 @@ class PythonFrames:
         self.libpython = None
         self.status = "n/a: not a Python process"
         self.fast = False
+        self.fast_failures = 0
         self.entry_field = ""
         self.codes = {}
         self.lines = {}
@@ -154,8 +164,8 @@ class PythonFrames:
 
     def _prepare_fast_path(self):
         """Use the cached walk when the interpreter frame has the fields it reads (3.11, 3.12). Looking
-        the types up here also expands their debug info now, during the attach, instead of at the
-        first sample (tens of ms with the thread stopped)."""
+        the types up here also expands their debug info now, while the target runs, instead of at the
+        first sample with the thread stopped."""
         try:
             fields = {f.name for f in gdb.lookup_type("_PyInterpreterFrame").fields()}
             code_fields = {f.name for f in gdb.lookup_type("PyCodeObject").fields()}
@@ -173,8 +183,9 @@ class PythonFrames:
         if self.fast:
             try:
                 return self._frames_fast(gdb_frame)
-            except Exception:  # noqa: BLE001 - another interpreter layout: use the extension's own walk
-                self.fast = False
+            except Exception:  # noqa: BLE001 - an unusual frame or layout: the extension's own walk
+                self.fast_failures += 1
+                self.fast = self.fast_failures < 20
         return self._frames_generic(gdb_frame)
 
     def _frames_fast(self, gdb_frame):
@@ -183,6 +194,8 @@ class PythonFrames:
         every code object's fields on each frame."""
         out = []
         iframe = gdb_frame.read_var("frame")
+        if iframe.is_optimized_out:  # as the extension does: the thread state's current frame
+            iframe = gdb_frame.read_var("cframe")["current_frame"]
         while int(iframe) != 0 and len(out) < 64:
             code = iframe["f_code"]
             key = int(code)
@@ -237,7 +250,7 @@ class Sampler:
         self.max_samples = int(config.get("max_samples") or 0)  # 0: no limit (time and budget only)
         self.max_seconds = float(config.get("max_seconds") or 0)
         self.pause_fraction = float(config.get("pause_fraction", 0.01))
-        self.budget_floor_s = float(config.get("budget_floor_s", 10.0))
+        self.budget_floor_s = float(config.get("budget_floor_s", 30.0))
         self.max_stops_per_s = float(config.get("max_stops_per_s", 100.0))
         self.per_stop_overhead_s = float(config.get("per_stop_overhead_us", 150.0)) / 1e6
         self.max_frames = int(config.get("max_frames", 64))
@@ -245,6 +258,7 @@ class Sampler:
         self.out = open(config["out"], "a", buffering=1)  # noqa: SIM115 - lives as long as the sampling
         self.libs = None
         self.symbols = {}
+        self.symbols_s = 0.0
         self.python = PythonFrames()
         self.catchpoint = None
         self.active = False
@@ -270,35 +284,31 @@ class Sampler:
         if tracer:
             raise gdb.GdbError(f"leaktrace: process {self.pid} is already traced by pid {tracer}")
         gdb.execute("source " + SETTINGS, to_string=True)
+        # Symbols of the shared libraries are read after the process runs again (the settings turn
+        # auto-solib-add off): with large libraries (torch) reading them takes seconds, and the
+        # attach stops every thread until the first `continue`.
         t0 = time.monotonic()
         gdb.execute(f"attach {self.pid}", to_string=True)
+        gdb.execute("continue -a &", to_string=True)
+        attach_s = time.monotonic() - t0
+        gdb.execute("sharedlibrary", to_string=True)
+        self.symbols_s = time.monotonic() - t0 - attach_s
         self.libs = LibraryRanges(self.pid)
-        self.catchpoint = self._catch_syscalls()
         self.python.load()
-        self.prewarm()
         gdb.events.stop.connect(self.on_stop)
         gdb.events.exited.connect(self.on_exited)
         gdb.events.gdb_exiting.connect(self.on_gdb_exiting)
         self.active = True
-        gdb.execute("continue -a &", to_string=True)
-        attach_s = time.monotonic() - t0
-        # The whole process was stopped while gdb attached and read symbols. That one-off cost is
-        # reported as attach_s and kept out of the per-stop budget (it would eat a short budget alone).
+        self.catchpoint = self._catch_syscalls()
+        # Threads resumed before the catchpoint existed run under PTRACE_CONT and would never stop
+        # at a syscall: stop each once (on_stop resumes it at once, now with syscall tracing).
+        gdb.execute("interrupt -a", to_string=True)
+        # The whole process was stopped during the attach: that one-off cost is reported as attach_s
+        # and kept out of the per-stop budget (it would eat a short budget alone).
         self.t_start = time.monotonic()
         self.emit({"type": "attached", "pid": self.pid, "t_mono": self.t_start, "attach_s": attach_s,
-                   "threads": len(gdb.selected_inferior().threads()), "python": self.python.status,
-                   "state_before": self.state_before})
-
-    def prewarm(self):
-        """Unwind every thread once while the process is stopped for the attach anyway: gdb expands
-        the debug info and unwind tables of the libraries on those stacks now, not at the first sample
-        (tens of ms with that thread stopped, e.g. through libpython)."""
-        for thread in list(gdb.selected_inferior().threads())[:64]:
-            try:
-                thread.switch()
-                self.backtrace(gdb.newest_frame())
-            except gdb.error:
-                continue
+                   "symbols_s": self.symbols_s, "threads": len(gdb.selected_inferior().threads()),
+                   "python": self.python.status, "state_before": self.state_before})
 
     def _catch_syscalls(self):
         before = {b.number for b in gdb.breakpoints()}

@@ -119,9 +119,19 @@ def _ancestors(pid: int) -> set[int]:
     return out
 
 
+def _is_leaktrace(args: list[str], pattern: str) -> bool:
+    """leaktrace's own processes: the driver (its argv holds the --match pattern itself, as do wrappers
+    like sudo, nsenter or kubectl exec around it) and any leaktrace run."""
+    if pattern in args:
+        return True
+    if args and os.path.basename(args[0]) == "leaktrace":
+        return True
+    return any(a == "-m" and b == "leaktrace" for a, b in zip(args, args[1:], strict=False))
+
+
 def match_processes(pattern: str, exclude: set[int] | None = None) -> list[dict[str, Any]]:
     """Processes whose command line (arguments joined by spaces) matches ``pattern`` (re.search), minus
-    this process and its ancestors (the Ray worker and raylet running the hunt are not targets)."""
+    this process and its ancestors (the Ray worker and raylet running the hunt) and leaktrace itself."""
     rx = re.compile(pattern)
     skip = _ancestors(os.getpid()) | (exclude or set())
     found = []
@@ -134,8 +144,9 @@ def match_processes(pattern: str, exclude: set[int] | None = None) -> list[dict[
             continue
         if not raw:  # kernel threads and zombies
             continue
-        cmdline = raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
-        if rx.search(cmdline):
+        args = raw.rstrip(b"\0").decode(errors="replace").split("\0")
+        cmdline = " ".join(args)
+        if rx.search(cmdline) and not _is_leaktrace(args, pattern):
             found.append({"pid": int(entry.name), "cmdline": cmdline[:300]})
     return sorted(found, key=lambda p: p["pid"])
 
@@ -215,11 +226,10 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
         for p in node_pids:
             argv += ["--pid", str(p)]
 
-    label = f"{ident['hostname']}-{(ident['node_id'] or 'local')[:8]}"
+    label = node_label(ident["hostname"], ident["node_id"])
     if request.get("shared_dir"):
-        out = Path(request["shared_dir"]) / label
-        if out.exists():
-            shutil.rmtree(out)
+        # One folder per cluster hunt: two hunts sharing the directory never touch each other's sessions.
+        out = Path(request["shared_dir"]) / f"leaktrace-{request['run_id']}" / label
         cleanup = None
     else:
         cleanup = Path(tempfile.mkdtemp(prefix="leaktrace-node-"))
@@ -231,6 +241,13 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
                                 preexec_fn=_die_with_parent)
         try:
             stdout, stderr = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        except KeyboardInterrupt:  # ray.cancel() of this task (Ctrl-C on the driver): stop the hunt first
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
         except subprocess.TimeoutExpired:
             proc.terminate()  # the hunt stops cleanly on SIGTERM and still writes what it has
             try:
@@ -401,7 +418,8 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
         raise ClusterError("the Ray cluster has no alive node", "check `ray status` on the head")
     log(f"hunting on {len(nodes)} node(s): " + ", ".join(
         f"{n.get('NodeManagerHostname')} ({n.get('NodeManagerAddress')})" for n in nodes))
-    wire = {"duration": request.duration, "hunt_args": list(request.hunt_args), "vllm": request.vllm,
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()
+    wire = {"run_id": run_id, "duration": request.duration, "hunt_args": list(request.hunt_args), "vllm": request.vllm,
             "match": request.match, "shared_dir": request.shared_dir, "timeout_s": request.timeout_s}
     # num_cpus=0: a node whose CPUs are all claimed by vLLM's own actors must still run the hunt.
     # max_retries=0: a hunt that died is a result to report, not something to start over.
@@ -416,7 +434,11 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
             .remote(wire, pids_for(n, request))
         pending[ref] = n
     answers: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + request.timeout_s
+    # The node stops its own hunt at timeout_s and still answers with what it has; the driver waits a
+    # little longer so that answer (and its partial session) can arrive.
+    deadline = time.monotonic() + request.timeout_s + 30.0
+    missing_reason = f"no answer within {request.timeout_s + 30.0:.0f}s"
+    interrupted = False
     try:
         while pending and time.monotonic() < deadline:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
@@ -429,12 +451,15 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
                 a = answers[n["NodeID"]]
                 log(f"node {n.get('NodeManagerHostname')}: {a['status']}"
                     + (f" ({a.get('reason')})" if a.get("reason") else ""))
+    except KeyboardInterrupt:
+        interrupted = True
+        missing_reason = "interrupted (Ctrl-C) before this node answered"
     finally:
         for ref, n in pending.items():
-            answers.setdefault(n["NodeID"], {"status": "failed",
-                                             "reason": f"no answer within {request.timeout_s:.0f}s"})
+            answers.setdefault(n["NodeID"], {"status": "failed", "reason": missing_reason})
             try:
-                ray.cancel(ref, force=True)
+                # Not force: the task gets KeyboardInterrupt and stops its hunt with SIGTERM.
+                ray.cancel(ref, force=False)
             except Exception:  # noqa: BLE001 - best effort; the node-side hunt is bounded by its duration
                 pass
     node_entries = []
@@ -456,13 +481,18 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
             "session": session, "stderr_tail": a.get("stderr_tail", ""),
         })
     meta = {
-        "schema": CLUSTER_SCHEMA, "address": request.address, "targets": request.targets_desc(),
+        "schema": CLUSTER_SCHEMA, "run_id": run_id, "address": request.address, "targets": request.targets_desc(),
         "request": {k: v for k, v in asdict(request).items() if k != "pids"} | {
             "pids": [asdict(p) for p in request.pids]},
         "argv": sys.argv, "start_wall": started_wall, "end_wall": time.time(), "nodes": node_entries,
     }
     _atomic_write(out / CLUSTER_META, json.dumps(meta, indent=2, default=str))
-    return render_cluster(out)
+    report = render_cluster(out)
+    if interrupted:
+        from leaktrace.errors import Interrupted
+
+        raise Interrupted(f"cluster hunt interrupted; the nodes that answered are in {out / 'report.json'}")
+    return report
 
 
 def _untar(data: bytes, dest: Path) -> None:

@@ -82,18 +82,30 @@ def is_vllm_serve(argv: list[str]) -> bool:
     return False
 
 
+_PREFILL_FLAGS = ("--prefiller-ports", "--prefiller-port", "--prefill-ports", "--prefill-port")
+_DECODE_FLAGS = ("--decoder-ports", "--decoder-port", "--decode-ports", "--decode-port")
+
+
+def _flag_ints(argv: list[str], flags: tuple[str, ...]) -> list[int]:
+    """Ports after any of ``flags``: ``--f 1 2``, ``--f 1,2`` or ``--f=1,2``."""
+    out: list[int] = []
+    for i, a in enumerate(argv):
+        name, eq, val = a.partition("=")
+        if name not in flags:
+            continue
+        if eq:
+            out += _ints(val)
+            continue
+        for nxt in argv[i + 1:]:
+            if nxt.startswith("-") or not _ints(nxt):
+                break
+            out += _ints(nxt)
+    return out
+
+
 def proxy_ports(argv: list[str]) -> dict[str, list[int]] | None:
     """Ports named by a P/D proxy's command line, e.g. vLLM's toy proxy: {"prefill": [...], "decode": [...]}."""
-    pre = _ints(_opt(argv, "--prefiller-ports", "--prefiller-port", "--prefill-ports", "--prefill-port"))
-    dec = _ints(_opt(argv, "--decoder-ports", "--decoder-port", "--decode-ports", "--decode-port"))
-    if not pre and not dec:
-        # nargs="+" style: --prefiller-ports 8100 8101 --decoder-ports 8200
-        for flag, out in (("--prefiller-ports", pre), ("--decoder-ports", dec)):
-            if flag in argv:
-                for a in argv[argv.index(flag) + 1:]:
-                    if not a.isdigit():
-                        break
-                    out.append(int(a))
+    pre, dec = _flag_ints(argv, _PREFILL_FLAGS), _flag_ints(argv, _DECODE_FLAGS)
     if not pre and not dec:
         return None
     return {"prefill": pre, "decode": dec}
@@ -251,7 +263,7 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             instance_of.setdefault(d, pid)
     # Titled vLLM processes whose API server is gone or elsewhere (offline LLM(), a bare EngineCore)
     # form an instance rooted at their top-most titled ancestor.
-    for pid, (label, title) in labels.items():
+    for pid, (_kind, title) in labels.items():
         if pid in instance_of or not title or not TITLE_RE.match(title):
             continue
         root = pid
@@ -372,6 +384,7 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             "role": info.get("role", "unknown") if inst else "unknown",
             "role_source": info.get("role_source") if inst else None,
             "port": info.get("port") if inst else None,
+            "host": info.get("host") if inst else None,
             "model": info.get("model") if inst else None,
             "cmdline": " ".join(procfs.redact_cmdline(p["argv"]))[:500],
             "libs": libs, "lib_groups": sorted(lib_groups),
@@ -392,6 +405,7 @@ def instances(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         i = by.setdefault(inst, {"instance": inst, "role": p.get("role", "unknown"),
                                  "role_source": p.get("role_source"), "port": p.get("port"),
+                                 "host": p.get("host"),
                                  "model": p.get("model"), "pids": [], "processes": []})
         i["pids"].append(p["pid"])
         i["processes"].append({"pid": p["pid"], "ppid": p["ppid"], "label": p["label"], "title": p.get("title")})

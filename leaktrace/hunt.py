@@ -30,6 +30,8 @@ OPTIONAL_PROBES: list[tuple[str, str, Callable[[HuntOptions], bool]]] = [
     ("gdb", "leaktrace.probes.gdb:GdbProbe", lambda o: o.gdb and o.gdb_samples != 0),
     ("metrics", "leaktrace.probes.metrics:MetricsProbe", lambda o: bool(o.metrics_urls) or o.vllm),
     ("pyheap", "leaktrace.probes.pyheap:PyHeapProbe", lambda o: o.pyheap),
+    # Effective UCX state (hooks, hook mode, rcache limits) of targets that map UCX: cheap, always on.
+    ("ucx", "leaktrace.probes.ucx_state:UcxStateProbe", lambda o: True),
     ("exporter", "leaktrace.probes.exporter:PrometheusExporter", lambda o: o.prometheus_port is not None),
 ]
 
@@ -113,7 +115,8 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     try:
         session = SessionWriter(out, meta={
             "target": {"pids": pids},
-            "options": {k: v for k, v in asdict(options).items() if k != "extra"},
+            "options": {k: procfs.redact_cmdline(v) if k == "metrics_urls" else v  # user:pass@ in URLs
+                        for k, v in asdict(options).items() if k != "extra"},
             "argv": procfs.redact_cmdline(sys.argv),
             **(meta or {}),
         })

@@ -327,6 +327,11 @@ def redact_cmdline(argv: list[str]) -> list[str]:
     return out
 
 
+def redact_url(url: str) -> str:
+    """``http://user:pass@host/x`` → ``http://user:<redacted>@host/x`` (for logs, meta and tables)."""
+    return _URL_CRED_RE.sub(lambda mm: f"{mm.group(1)}{mm.group(2)}:{REDACTED}@", url)
+
+
 def parse_cmdline(raw: bytes) -> list[str]:
     parts = raw.split(b"\0")
     if parts and parts[-1] == b"":

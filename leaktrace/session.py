@@ -308,6 +308,25 @@ def compact_table(path: Path, table: str, final: bool = True) -> None:
         level += 1
 
 
+_NUM = (int, float)
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    **{k: (*_NUM, type(None)) for k in ("start_wall", "t0_monotonic", "end_wall", "attach_s", "duration_s")},
+    **{k: (dict, type(None)) for k in ("target", "options", "host", "exited", "labels", "probe_summaries",
+                                       "rows")},
+    **{k: (list, type(None)) for k in ("warnings", "probes")},
+    "stop_reason": (str, type(None)), "complete": (bool,),
+}
+
+
+def _conform(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A part of a known table with exactly the known columns and types (absent columns null).
+    Raises on a part whose values cannot be those types (hand-edited): the caller skips it."""
+    cols = [tbl.column(f.name).cast(f.type) if f.name in tbl.column_names else pa.nulls(len(tbl), f.type)
+            for f in schema]
+    extra = [n for n in tbl.column_names if n not in schema.names]  # newer writers may add columns
+    return pa.Table.from_arrays(cols + [tbl.column(n) for n in extra], names=schema.names + extra)
+
+
 class SessionReader:
     """Reads a session directory, complete or not (a hunt killed with SIGKILL)."""
 
@@ -326,6 +345,11 @@ class SessionReader:
             raise SessionError(f"{meta_path} is corrupt ({e.__class__.__name__})") from e
         if not isinstance(self.meta, dict) or self.meta.get("schema") != SESSION_SCHEMA:
             raise SessionError(f"{meta_path} is not a {SESSION_SCHEMA} session")
+        bad = [k for k, types in _META_TYPES.items() if k in self.meta and not isinstance(self.meta[k], types)]
+        if bad:
+            # A hand-edited meta.json: say which fields, rather than fail somewhere in the analysis.
+            raise SessionError(f"{meta_path} is corrupt: field(s) {', '.join(bad)} have the wrong type",
+                               "restore meta.json (a hunt rewrites it atomically; it was edited by hand)")
         self.skipped_parts: list[str] = []
         self._cache: dict[str, pd.DataFrame] = {}
 
@@ -347,7 +371,8 @@ class SessionReader:
             if first <= covered:
                 continue  # merged into a range file already read (a compaction was interrupted)
             try:
-                frames.append(pq.read_table(p))
+                tbl = pq.read_table(p)
+                frames.append(_conform(tbl, SCHEMAS[name]) if name in SCHEMAS else tbl)
             except Exception:  # noqa: BLE001 - a truncated or hand-edited part: skip it, say so
                 # An unreadable range file covers nothing: leftovers of its parts are read instead.
                 self.skipped_parts.append(str(p.relative_to(self.path)))

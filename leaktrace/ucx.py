@@ -111,7 +111,7 @@ class ProcMem:
         self.pid = pid
         try:
             self.fd = os.open(f"{procfs.PROC}/{pid}/mem", os.O_RDONLY)
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ProcessLookupError) as e:
             raise ProcessGone(pid, "mem") from e
         except PermissionError as e:
             raise AccessDenied(pid, f"/proc/{pid}/mem") from e

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, spawn  # noqa: F401 - spawn is a fixture
+from conftest import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ops_helpers import one_error_line
@@ -252,6 +252,7 @@ def test_hand_edited_session(good_session, tmp_path, how, rc):
     rep = json.loads((s / "report.json").read_text())
     if how.startswith("part-"):
         assert any("skipped" in w for w in rep["warnings"]), rep["warnings"]
+    if how in ("part-garbage", "part-wrong-types"):  # an extra bad part: the good rows still count
         assert rep["processes"] and rep["processes"][0]["samples"] >= 4
     else:
         assert rep["verdict"] == "inconclusive"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, wait_for
 
 from leaktrace.cluster import CLUSTER_META, CLUSTER_SCHEMA, PidSpec, merge_reports, render_cluster
 from leaktrace.errors import UsageError
@@ -117,3 +117,16 @@ def test_verdict_clean_failed_and_nodes_without_targets() -> None:
 def test_cluster_report_on_a_plain_directory_is_a_session_error(tmp_path: Path) -> None:
     r = run_cli("cluster", "report", tmp_path, timeout=60)
     assert r.returncode == 7 and "not a cluster session" in r.stderr
+
+
+def test_match_picks_targets_but_not_the_driver(spawn) -> None:
+    from leaktrace.cluster import match_processes
+
+    target = spawn(["sleep", "61.5"], ready=None)
+    # A process whose argv holds the pattern itself, as the driver's `--match PATTERN` does; the pattern
+    # matches its own text, so only the exclusion keeps the driver out.
+    pattern = "sleep 61.5"
+    driver_like = spawn([sys.executable, "-c", "import time; time.sleep(60)", "--match", pattern], ready=None)
+    assert wait_for(lambda: Path(f"/proc/{driver_like.pid}/cmdline").read_bytes().count(b"\0") >= 5, 10)
+    found = {p["pid"] for p in match_processes(pattern)}
+    assert target.pid in found and driver_like.pid not in found

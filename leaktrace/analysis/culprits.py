@@ -74,6 +74,18 @@ class Rule:
             if key in self.match:
                 self._res[key] = re.compile(self.match[key])
 
+    def matches_library(self, c: Candidate) -> bool:
+        return "library" in self._res and bool(c.library) and self._prereq(c) \
+            and bool(self._res["library"].search(c.library or ""))
+
+    def _prereq(self, c: Candidate) -> bool:
+        m = self.match
+        if "kind" in m and c.kind not in m["kind"]:
+            return False
+        if "cls" in m and c.cls not in m["cls"]:
+            return False
+        return not (m.get("python") and not c.python)
+
     def matches(self, c: Candidate) -> bool:
         m = self.match
         if "kind" in m and c.kind not in m["kind"]:
@@ -308,18 +320,36 @@ def pyheap_growth(reader: Any) -> dict[int, dict[str, Any]]:
     ph = reader.table("pyheap")
     if ph.empty or "pid" not in ph.columns or "t" not in ph.columns:
         return {}
-    col = next((c for c in _PYHEAP_COUNT_COLUMNS if c in ph.columns), None)
+    ph = ph.copy()
+    if "tracked" in ph.columns:
+        # objects the collector tracks, plus those gc.freeze() moved out of its sight (vLLM freezes
+        # its start-up heap; objects frozen later still grow memory)
+        ph["_objects"] = ph["tracked"].clip(lower=0).fillna(0)
+        if "frozen" in ph.columns:
+            ph["_objects"] += ph["frozen"].clip(lower=0).fillna(0)
+    col = next((c for c in ("_objects", *_PYHEAP_COUNT_COLUMNS) if c in ph.columns), None)
     from leaktrace.analysis.growth import rate
 
     out: dict[int, dict[str, Any]] = {}
     for pid, g in ph.groupby("pid"):
         g = g.sort_values("t")
         last = {k: (v.item() if hasattr(v, "item") else v) for k, v in g.iloc[-1].items()
-                if k not in ("pid",) and v is not None and not (isinstance(v, float) and pd.isna(v))}
+                if k not in ("pid", "_objects") and v is not None and not (isinstance(v, float) and pd.isna(v))}
         state: dict[str, Any] = {"last": last}
-        if col is not None and len(g) >= 3:
-            r = rate(g["t"].to_numpy(dtype=float), g[col].to_numpy(dtype=float))
-            state.update({"count_column": col, "objects_per_min": round(r.per_s * 60.0, 1),
+        name = "tracked+frozen" if col == "_objects" else col
+        gc_ = g.dropna(subset=[col]) if col is not None else g.iloc[0:0]
+        if col == "_objects" and "tracked" in g.columns:
+            gc_ = g[g["tracked"].notna()]  # the probe walks the GC lists only now and then
+        if len(gc_) == 2:
+            # two walks (typically first and last): a plain difference, stated as such
+            (t0, n0), (t1, n1) = zip(gc_["t"], gc_[col], strict=True)
+            per_min = (n1 - n0) / max(t1 - t0, 1e-9) * 60.0
+            grows = n1 - n0 >= 1000 and n1 >= 1.1 * n0
+            state.update({"count_column": name, "objects_per_min": round(float(per_min), 1),
+                          "confidence": 1.0 if grows else 0.0, "step": False, "walks": 2})
+        elif len(gc_) >= 3:
+            r = rate(gc_["t"].to_numpy(dtype=float), gc_[col].to_numpy(dtype=float))
+            state.update({"count_column": name, "walks": len(gc_), "objects_per_min": round(r.per_s * 60.0, 1),
                           "confidence": round(r.confidence, 3), "step": r.step})
         out[int(pid)] = state
     return out
@@ -354,7 +384,11 @@ def python_candidates(procs: pd.DataFrame, info: dict[int, dict[str, Any]], pyhe
 # --------------------------------------------------------------------------- explanation
 
 def explain(c: Candidate, rules: list[Rule], reader: Any) -> dict[str, Any]:
-    rule = next((r for r in rules if r.matches(c)), None)
+    # The calling library decides first, unless it is libc itself (the syscall wrapper of everyone):
+    # then the stack says more, and rules are tried in file order.
+    by_library = c.library and not _LIBC.match(c.library.rsplit("/", 1)[-1])
+    rule = (next((r for r in rules if r.matches_library(c)), None) if by_library else None) \
+        or next((r for r in rules if r.matches(c)), None)
     fields = {
         "library": c.library, "pid": c.pid, "label": c.label, "mb_per_min": f"{c.mb_per_min:.2f}",
         "outstanding_mb": f"{c.outstanding_bytes / MB:.1f}" if c.outstanding_bytes else None, "cls": c.cls,
@@ -381,6 +415,8 @@ def explain(c: Candidate, rules: list[Rule], reader: Any) -> dict[str, Any]:
         "rule": rule.id if rule else None, "rule_title": rule.title if rule else None,
         "source": c.source, "cls": c.cls,
     }
+    if kind != c.kind:
+        out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
     for k in ("instance", "first_named_s"):
         if k in c.extra:
             out[k] = c.extra[k]
@@ -430,26 +466,90 @@ def find_culprits(reader: Any, procs: pd.DataFrame, info: dict[int, dict[str, An
     return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap)
 
 
+def _gdb_stacks_through(reader: Any, pid: int, site: str) -> list[list[str]]:
+    """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site."""
+    samples_fn = optional("leaktrace.analysis.gdbjoin", "gdb_samples")
+    if samples_fn is None:
+        return []
+    df = samples_fn(reader)
+    if df.empty or "stack" not in df.columns:
+        return []
+    df = df[df["pid"] == pid]
+    if "error" in df.columns:
+        df = df[df["error"] == 0]
+    if "syscall" in df.columns:
+        df = df[df["syscall"].isin(("mmap", "mremap"))]
+    return [[str(f) for f in st] for st in df["stack"] if st is not None and site in [str(f) for f in st]]
+
+
 def _add_gdb_stacks(reader: Any, cands: list[Candidate], warnings: list[str]) -> None:
+    """Fuller call paths from gdb (DWARF unwinding, no frame pointers needed). With a ledger stack, only a
+    gdb stack through the same call site is used: other samples of the library may be innocent paths
+    (the same .so also maps and unmaps at once elsewhere)."""
     gdb_stack_for = optional("leaktrace.analysis.gdbjoin", "gdb_stack_for")
     if gdb_stack_for is None or "gdb_samples" not in reader.tables():
         return
     for c in cands:
         try:
-            st = gdb_stack_for(reader, c.pid, c.library)
+            if len(c.stack) >= 2:
+                matching = _gdb_stacks_through(reader, c.pid, c.stack[1])
+                if not matching:
+                    continue
+                counts: dict[tuple[str, ...], int] = {}
+                for st in matching:
+                    counts[tuple(st)] = counts.get(tuple(st), 0) + 1
+                frames = list(max(counts, key=lambda k: counts[k]))
+            else:
+                frames = [str(f) for f in gdb_stack_for(reader, c.pid, c.library)]
         except Exception as e:  # noqa: BLE001
             warnings.append(f"gdb join failed: {e.__class__.__name__}: {e}")
             return
-        if st:
-            frames = [str(f) for f in st]
+        if frames:
             if len(frames) > len(c.stack):
-                # gdb unwinds with DWARF (no frame pointers needed): its path is the fuller one.
                 c.extra["ledger_stack"] = c.stack
                 c.stack = frames
             c.evidence.append("gdb sampled this call path at the mmap syscall: " + " ← ".join(frames[:6]))
 
 
 # --------------------------------------------------------------------------- first_named_s
+
+_SNAPSHOT_KIND = {"native-mmap": "anon", "malloc-heap": "heap"}
+
+
+def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict[str, float]) -> float | None:
+    """The ledger's per-tick outstanding bytes of (pid, library): the earliest tick at which the rate
+    over the snapshots so far passes the ledger thresholds (the naming rule of ledger_candidates).
+    None when the table lacks what is needed (the caller then re-runs the analysis on prefixes)."""
+    from leaktrace.analysis.growth import rate
+
+    if snaps.empty or not {"t", "pid", "library", "outstanding_bytes"} <= set(snaps.columns):
+        return None
+    mine = snaps[(snaps["pid"] == c["pid"]) & (snaps["library"] == c["library"])]
+    kind = _SNAPSHOT_KIND.get(c.get("measured_kind") or c["kind"])
+    if kind is not None and "kind" in mine.columns and (mine["kind"] == kind).any():
+        mine = mine[mine["kind"] == kind]
+    if mine.empty:
+        return None
+    series = mine.groupby("t")["outstanding_bytes"].sum().sort_index()
+    t, y = series.index.to_numpy(dtype=float), series.to_numpy(dtype=float)
+
+    def named(i: int) -> bool:  # first i+1 snapshots
+        if i < 2:
+            return False
+        r = rate(t[: i + 1], y[: i + 1], warmup_s=0.0)
+        return r.steady_mb_per_min >= th["ledger_mb_per_min"] and r.confidence >= th["min_confidence"]
+
+    lo, hi = 0, len(t) - 1
+    if not named(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if named(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(t[lo])
+
 
 class PrefixReader:
     """A read-only view of a session cut at ``t <= t_max`` (what the analysis knew at that moment)."""
@@ -509,11 +609,17 @@ def first_named(reader: Any, culprits: list[dict[str, Any]], th: dict[str, float
                 keys |= {("leaking", pid)}
         return keys
 
+    snaps = reader.table("ledger_snapshots") if "ledger_snapshots" in reader.tables() else pd.DataFrame()
     for c in culprits[:max_culprits]:
         if c.get("first_named_s") is not None:
             continue
         key = culprit_key(c)
         via_ledger = c.get("source") == "ledger"
+        if via_ledger:
+            t_named = _first_named_from_snapshots(snaps, c, th)
+            if t_named is not None:
+                c["first_named_s"] = round(max(t_named - attach, 0.0), 2)
+                continue
 
         def ok(i: int, key: tuple[Any, ...] = key, c: dict[str, Any] = c, via_ledger: bool = via_ledger) -> bool:
             keys = named_at(i, c["pid"], via_ledger)

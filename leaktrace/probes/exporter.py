@@ -116,8 +116,9 @@ class PrometheusExporter:
         self.registry.register(_SnapshotCollector(self))  # type: ignore[arg-type]
         try:
             self._server, self._thread = start_http_server(self.port, addr=self.addr, registry=self.registry)
-        except OSError as e:
-            why = "already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        except (OSError, OverflowError) as e:  # OverflowError: a port outside 0-65535
+            why = "already in use" if getattr(e, "errno", None) == errno.EADDRINUSE else (
+                getattr(e, "strerror", None) or str(e))
             raise PortUnavailable(f"cannot serve Prometheus metrics on {self.addr}:{self.port}: {why}") from e
         self.port = self._server.server_port  # port 0 asks the kernel for a free one
         ctx.session.update_meta(prometheus={"addr": self.addr, "port": self.port})

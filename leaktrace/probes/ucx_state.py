@@ -25,6 +25,7 @@ class UcxStateProbe:
         self.every = every
         self.ctx: HuntContext | None = None
         self.last: dict[int, dict[str, Any]] = {}
+        self.without_ucx: dict[int, int] = {}  # pid -> tick it was last seen without UCX mapped
         self._ticks = 0
 
     def start(self, ctx: HuntContext) -> None:
@@ -34,11 +35,12 @@ class UcxStateProbe:
     def _scan(self, force: bool = False) -> None:
         assert self.ctx is not None
         for pid in self.ctx.targets.live():
-            if pid in self.last and not force and self._ticks % self.every:
-                continue
+            if not force and self._ticks % self.every and (pid in self.last or pid in self.without_ucx):
+                continue  # known: look again every `every` ticks (UCX may be dlopen'ed later)
             try:
                 maps = procfs.read_maps(pid)
                 if not any(m.path and ucx.UCX_LIB_RE.search(m.path) for m in maps):
+                    self.without_ucx[pid] = self._ticks
                     continue
                 cfg = ucx.read_ucx_config(pid)
             except (LeaktraceError, OSError, ValueError):

@@ -57,13 +57,6 @@ class VllmProbe:
                 ctx.targets.labels[p["pid"]] = p.get("title") or p["label"]
         ctx.session.append("vllm_processes", rows)
         insts = instances(procs)
-        host_of = {p["pid"]: p for p in procs}
-        for i in insts:
-            api = host_of.get(i["instance"], {})
-            i["host"] = "127.0.0.1"
-            if api.get("cmdline") and "--host" in api["cmdline"]:
-                parts = api["cmdline"].split()
-                i["host"] = parts[parts.index("--host") + 1] if parts.index("--host") + 1 < len(parts) else None
         if first or _roles(insts) != _roles(self.instances) or len(insts) != len(self.instances):
             self.instances = insts
             ctx.session.update_meta(instances=insts)

@@ -16,7 +16,7 @@ import pandas as pd
 from leaktrace.analysis.growth import MB
 from leaktrace.report.flame import collect_stacks, flame_svg
 
-MAX_POINTS_PER_LINE = 1500
+MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12
 
 

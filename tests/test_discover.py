@@ -1,0 +1,172 @@
+"""Discovery on real processes shaped like a vLLM tree (no vLLM needed) and its parsers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from leaktrace import discover as disc
+
+TARGETS = Path(__file__).resolve().parent / "targets"
+KV = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+
+
+def test_is_vllm_serve() -> None:
+    assert disc.is_vllm_serve(["/v/bin/python3.11", "/v/bin/vllm", "serve", "m"])
+    assert disc.is_vllm_serve(["vllm", "serve", "m", "--port", "8000"])
+    assert disc.is_vllm_serve(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"])
+    assert not disc.is_vllm_serve(["python", "-m", "vllm.entrypoints.cli.main", "bench"])
+    assert not disc.is_vllm_serve(["/usr/bin/vllm-helper", "serve"])
+
+
+def test_serve_settings_and_proxy_ports() -> None:
+    s = disc.serve_settings(["vllm", "serve", "/m", "--port=8200", "--kv-transfer-config", json.dumps(KV)])
+    assert s["model"] == "/m" and s["port"] == 8200 and s["kv_transfer_config"]["kv_connector"] == "NixlConnector"
+    assert disc.serve_settings(["vllm", "serve", "--model", "/x"])["port"] == 8000
+    assert disc.proxy_ports(["p.py", "--prefiller-ports", "8100", "8101", "--decoder-ports", "8200"]) == {
+        "prefill": [8100, 8101], "decode": [8200]}
+    assert disc.proxy_ports(["p.py", "--prefiller-port=8100", "--decoder-port=8200"]) == {
+        "prefill": [8100], "decode": [8200]}
+    assert disc.proxy_ports(["p.py", "--port", "8000"]) is None
+
+
+@pytest.mark.parametrize("title,label", [
+    ("VLLM::EngineCore", "engine-core"), ("VLLM::EngineCore_DP1", "engine-core"),
+    ("VLLM::Worker_TP1_PP0", "worker"), ("VLLM::DPCoordinator", "dp-coordinator"),
+    ("VLLM::APIServer_2", "api-server"), ("MYPFX::Worker", "worker"),
+])
+def test_title_labels(title: str, label: str) -> None:
+    assert disc._label({"argv": [title]})[0] == label
+
+
+def test_lib_groups_hashed_names() -> None:
+    from leaktrace.procfs import Mapping
+
+    paths = ["/s/nixl_cu12.libs/libucp-b39b3ed9.so.0.0.0", "/s/nixl_cu12.libs/libucm-f6ca5dec.so.0.0.0",
+             "/s/.nixl_cu12.mesonpy.libs/plugins/libplugin_UCX.so", "/s/.nixl_cu12.mesonpy.libs/libnixl.so",
+             "/s/torch/lib/libtorch_cpu.so", "/s/nixl_cu12.libs/libabsl_base-5dc7d7dc.so.2508.0.0",
+             "/usr/lib/libnccl.so.2", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+    maps = [Mapping(i * 4096, i * 4096 + 4096, "r-xp", 0, "00:00", 1, p) for i, p in enumerate(paths)]
+    g = disc.libs_of_interest(maps)
+    assert g["ucx"] == ["libucp-b39b3ed9.so.0.0.0", "libucm-f6ca5dec.so.0.0.0"]
+    assert g["nixl"] == ["libplugin_UCX.so", "libnixl.so"]
+    assert g["torch"] == ["libtorch_cpu.so"] and g["nccl"] == ["libnccl.so.2"]
+    assert "libabsl_base-5dc7d7dc.so.2508.0.0" not in sum(g.values(), [])
+
+
+@pytest.fixture
+def fake_tree(spawn, tmp_path):
+    """A `vllm serve` look-alike with a retitled EngineCore and Worker, plus a P/D proxy naming its port."""
+    exe = tmp_path / "vllm"
+    shutil.copy(TARGETS / "fake_vllm.py", exe)
+    api = spawn([sys.executable, exe, "serve", "/models/tiny", "--host", "127.0.0.1", "--port", "18123",
+                 "--kv-transfer-config", json.dumps(KV)], env={"UCX_NET_DEVICES": "lo", "VLLM_API_KEY": "s3cret"})
+    line = api.popen.stdout.readline() if False else None  # "ready" consumed by spawn; pids below
+    del line
+    proxy = spawn([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)",
+                   "--prefiller-ports", "18999", "--decoder-ports", "18123"])
+    return api, proxy
+
+
+def _tree_pids(api_pid: int) -> tuple[int, int]:
+    from leaktrace import procfs
+
+    kids = procfs.children_map()
+    engine = kids[api_pid][0]
+    worker = kids[engine][0]
+    return engine, worker
+
+
+def test_discover_fake_tree(fake_tree) -> None:
+    api, proxy = fake_tree
+    engine, worker = _tree_pids(api.pid)
+    procs = {p["pid"]: p for p in disc.discover(with_metrics=False)}
+    assert procs[api.pid]["label"] == "api-server"
+    assert procs[engine]["label"] == "engine-core" and procs[engine]["title"] == "VLLM::EngineCore"
+    assert procs[worker]["label"] == "worker" and procs[worker]["title"] == "VLLM::Worker_TP0"
+    assert {procs[p]["instance"] for p in (api.pid, engine, worker)} == {api.pid}
+    # The proxy names our port as a decoder.
+    assert procs[proxy.pid]["label"] == "proxy"
+    assert all(procs[p]["role"] == "decode" for p in (api.pid, engine, worker))
+    assert "proxy pid" in procs[api.pid]["role_source"]
+    assert procs[api.pid]["port"] == 18123 and procs[api.pid]["model"] == "/models/tiny"
+    assert procs[api.pid]["config"]["kv_transfer_config"]["kv_connector"] == "NixlConnector"
+    # Settings: the API server's live environment (set in-process, absent from /proc/PID/environ)…
+    mp = procs[api.pid]["config"]["multiproc_method"]
+    assert mp["value"] == "spawn" and "live environ" in mp["source"]
+    # …and the retitled worker (empty environ) reads its settings from the untitled ancestor.
+    env = procs[worker]["config"]["env"]
+    assert env["UCX_NET_DEVICES"]["value"] == "lo"
+    assert f"untitled ancestor {api.pid}" in env["UCX_NET_DEVICES"]["source"]
+    # Secrets never leave: VLLM_API_KEY looks like a secret.
+    assert procs[api.pid]["config"]["env"]["VLLM_API_KEY"]["value"] == "<redacted>"
+    assert api.pid in disc.vllm_targets()
+    inst = [i for i in disc.instances(list(procs.values())) if i["instance"] == api.pid][0]
+    assert sorted(inst["pids"]) == sorted([api.pid, engine, worker]) and inst["role"] == "decode"
+
+
+def test_ps_cli_json_and_text(fake_tree) -> None:
+    api, _proxy = fake_tree
+    r = run_cli("ps", "--json", "--no-metrics")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    keys = {"pid", "ppid", "label", "instance", "role", "port", "libs", "config"}
+    assert rows and all(keys <= set(row) for row in rows)
+    assert all(row["label"] in disc.LABELS and row["role"] in disc.ROLES for row in rows)
+    assert any(row["pid"] == api.pid and row["label"] == "api-server" for row in rows)
+    text = run_cli("ps", "--no-metrics")
+    assert text.returncode == 0 and f"vLLM instance {api.pid}" in text.stdout and "VLLM::Worker_TP0" in text.stdout
+
+
+def test_role_without_proxy_is_unknown_when_metrics_down(spawn, tmp_path) -> None:
+    """kv-transfer-config but no proxy and /metrics unreachable: role unknown, and the reason says so."""
+    exe = tmp_path / "vllm"
+    shutil.copy(TARGETS / "fake_vllm.py", exe)
+    api = spawn([sys.executable, exe, "serve", "/m", "--host", "127.0.0.1", "--port", "18124",
+                 "--kv-transfer-config", json.dumps(KV)])
+    p = {x["pid"]: x for x in disc.discover([api.pid], with_metrics=True)}[api.pid]
+    assert p["role"] == "unknown" and "unreachable" in p["role_source"]
+
+
+def test_hunt_vllm_without_vllm_says_so(tmp_path) -> None:
+    if disc.vllm_targets():
+        pytest.skip("a vLLM server is running on this host")
+    r = run_cli("hunt", "--vllm", "--duration", "2", "--out", tmp_path / "h")
+    assert r.returncode == 2
+    assert "no vLLM server found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_role_from_metrics_when_no_proxy(spawn, tmp_path) -> None:
+    """No proxy: a kv-transfer-config server whose /metrics shows KV received from remote is decode."""
+    import http.server
+    import threading
+
+    text = (Path(__file__).resolve().parent / "data" / "vllm_metrics_decode.txt").read_bytes()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        exe = tmp_path / "vllm"
+        shutil.copy(TARGETS / "fake_vllm.py", exe)
+        api = spawn([sys.executable, exe, "serve", "/m", "--host", "127.0.0.1", "--port", str(port),
+                     "--kv-transfer-config", json.dumps(KV)])
+        p = {x["pid"]: x for x in disc.discover([api.pid], with_metrics=True)}[api.pid]
+        assert p["role"] == "decode" and "KV transfer" in p["role_source"]
+    finally:
+        srv.shutdown()

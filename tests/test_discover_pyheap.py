@@ -1,0 +1,49 @@
+"""The Python heap state read from outside a live CPython (no code run in it, never stopped)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from conftest import run_cli
+
+from leaktrace.probes.pyheap import read_python_heap
+from leaktrace.session import SessionReader
+
+PROGRAM = """
+import gc, sys, time
+keep = [[i] for i in range(30000)]
+gc.freeze()
+young = [[i] for i in range(5000)]
+print('ready', gc.get_freeze_count(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_reads_freeze_count_and_gc_state(spawn) -> None:
+    p = spawn([sys.executable, "-c", PROGRAM], ready=None)
+    first = p.popen.stdout.readline().split()
+    assert first[0] == "ready"
+    frozen = int(first[1])
+    st = read_python_heap(p.pid)
+    assert st["python"] is True and st["version"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert st["frozen"] == frozen >= 30000  # exactly gc.get_freeze_count()
+    assert st["gc_enabled"] is True and st["gen0_threshold"] == 700
+    assert st["tracked"] >= 0 and st["approximate"] is True
+    assert p.popen.poll() is None  # never stopped, still running
+
+
+def test_not_python(spawn) -> None:
+    p = spawn(["sleep", "30"], ready=None)
+    assert read_python_heap(p.pid) == {"pid": p.pid, "python": False}
+
+
+def test_hunt_pyheap_table(spawn, tmp_path) -> None:
+    p = spawn([sys.executable, "-c", "import gc,time; gc.freeze(); print('ready', flush=True); time.sleep(60)"])
+    out = tmp_path / "h"
+    r = run_cli("hunt", "--pid", p.pid, "--duration", "3", "--no-bpf", "--no-gdb", "--pyheap", "--out", out,
+                "--format", "json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    ph = SessionReader(out).table("pyheap")
+    assert (ph["pid"] == p.pid).any() and (ph["frozen"] > 1000).all()
+    json.loads((out / "report.json").read_text())
