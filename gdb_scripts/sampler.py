@@ -36,6 +36,7 @@ stopped (state T, no tracer) although it was running before is sent SIGCONT.
 """
 
 import bisect
+import collections
 import json
 import os
 import re
@@ -268,7 +269,8 @@ class Sampler:
         self.samples = 0
         self.paused_s = 0.0
         self.handler_s = 0.0
-        self.recent_stops = []
+        self.recent_stops = collections.deque()
+        self.in_syscall = set()  # tids stopped at a caught syscall's entry, whose exit stop comes next
         self.t_start = 0.0
         self.state_before = None
 
@@ -290,6 +292,9 @@ class Sampler:
         t0 = time.monotonic()
         gdb.execute(f"attach {self.pid}", to_string=True)
         gdb.execute("continue -a &", to_string=True)
+        arch = gdb.selected_inferior().architecture().name()
+        if arch != "i386:x86-64":  # registers read below follow the x86-64 syscall ABI
+            raise gdb.GdbError(f"leaktrace: the sampler supports x86-64 targets only, not {arch}")
         attach_s = time.monotonic() - t0
         gdb.execute("sharedlibrary", to_string=True)
         self.symbols_s = time.monotonic() - t0 - attach_s
@@ -378,17 +383,30 @@ class Sampler:
             return
         if thread.inferior.pid != self.pid:
             return
-        thread.switch()
-        ours = isinstance(event, gdb.BreakpointEvent) and self.catchpoint in event.breakpoints
-        if ours and self.ending is None:
-            frame = gdb.newest_frame()
-            result = int(frame.read_register("rax"))
-            if result != -ENOSYS:  # -ENOSYS in rax marks the syscall-entry stop
-                self.record(thread, frame, result, t0)
         try:
-            gdb.execute("continue &", to_string=True)
-        except gdb.error as e:
-            self.end_soon(f"resume failed: {e}")
+            if gdb.selected_thread() != thread:
+                thread.switch()
+            ours = isinstance(event, gdb.BreakpointEvent) and self.catchpoint in event.breakpoints
+            tid = thread.ptid[1]
+            if ours and tid not in self.in_syscall:
+                # A thread's caught stops alternate entry, exit: at an entry there is nothing to read,
+                # and building a frame (registers, unwinder) would cost more than the rest of the stop.
+                self.in_syscall.add(tid)
+            elif ours:
+                self.in_syscall.discard(tid)
+                frame = gdb.newest_frame()
+                result = int(frame.read_register("rax"))
+                if result == -ENOSYS:  # an entry after all (first stop was an exit): back in step
+                    self.in_syscall.add(tid)
+                elif self.ending is None:
+                    self.record(thread, frame, result, t0)
+        except Exception as e:  # noqa: BLE001 - whatever failed, the thread must be resumed below
+            self.end_soon(f"sampler error: {e.__class__.__name__}: {e}"[:300])
+        finally:
+            try:
+                gdb.execute("continue &", to_string=True)
+            except gdb.error as e:
+                self.end_soon(f"resume failed: {e}")
         spent = time.perf_counter() - t0
         self.stops += 1
         self.handler_s += spent
@@ -401,7 +419,7 @@ class Sampler:
         allowed = self.pause_fraction * max(elapsed, self.budget_floor_s)
         self.recent_stops.append(now)
         while self.recent_stops and self.recent_stops[0] < now - 1.0:
-            self.recent_stops.pop(0)
+            self.recent_stops.popleft()
         if self.max_samples and self.samples >= self.max_samples:
             self.end_soon("samples")
         elif self.max_seconds and elapsed >= self.max_seconds:

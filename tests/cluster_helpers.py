@@ -192,7 +192,10 @@ class RayNamespaceCluster:
         script = f"hostname {name} && exec " + " ".join(_sh_quote(a) for a in args)
         argv = [*self.netns.enter(), "unshare", "--pid", "--fork", "--kill-child=SIGTERM", "--mount-proc",
                 "--uts", "--", "sh", "-c", script]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+               # Real hosts each have their own /run; these "hosts" share one file system, and PIDs (and
+               # start times) repeat across their PID namespaces, so each gets its own hunt-lock folder.
+               "LEAKTRACE_LOCK_DIR": str(temp_dir / "locks")}
         env.pop("RAY_ADDRESS", None)
         with open(log_path, "w") as log:
             # SIGKILL on parent death kills unshare, whose --kill-child then SIGTERMs the node's PID 1.

@@ -75,12 +75,8 @@ def region_of(pid: int, addr: int) -> procfs.Mapping | None:
 
 def test_stacks_name_hook_then_stripped_library_and_addresses_match_regions(spawn, gdb_target_bin):
     target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "20"])
-    while_sampling: list = []
-    run = sample_process(target.pid, max_samples=12, max_seconds=20,
-                         on_records=lambda recs: while_sampling.extend(patched_code(target.pid)) if recs else None)
+    run = sample_process(target.pid, max_samples=12, max_seconds=20)
     assert run.reason == "samples", run.reason
-    # The code check sees gdb's one breakpoint while attached (so it would see one left behind).
-    assert any("ld-linux" in path for path, _ in while_sampling), while_sampling
     samples = [r for r in run.sample_records if r["syscall"] == "mmap"]
     assert len(samples) >= 12
     threads = {int(t) for t in os.listdir(f"/proc/{target.pid}/task")}
@@ -143,7 +139,9 @@ def test_hunt_ctrl_c_detaches_and_session_joins_stacks(spawn, gdb_target_bin, tm
     hunt = start_hunt(target.pid, tmp_path / "s", "--gdb-samples", "100000")
     try:
         assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"
-        time.sleep(1.5)
+        # While attached the code check sees gdb's one breakpoint (so it would see one left behind).
+        assert wait_for(lambda: any("ld-linux" in path for path, _ in patched_code(target.pid)), timeout=10)
+        time.sleep(0.5)
         hunt.send_signal(signal.SIGINT)
         out, err = hunt.communicate(timeout=60)
     finally:

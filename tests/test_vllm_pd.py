@@ -67,7 +67,7 @@ def test_ps_roles_and_ucx(pd) -> None:
 
 def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
     prefill, decode, proxy = pd
-    load = Load(proxy.url, n=200)
+    load = Load(proxy.url, pause=0.5)
     load.start()
     try:
         rep, err = hunt_vllm(tmp_path / "h", 40)

@@ -43,7 +43,7 @@ def test_ps_labels_single_server(server) -> None:
 
 
 def test_hunt_vllm_single_instances_and_load(server, tmp_path) -> None:
-    load = Load(server.url, n=200)
+    load = Load(server.url)
     load.start()
     try:
         rep, err = hunt_vllm(tmp_path / "h", 20, ("--pyheap",))

@@ -22,11 +22,12 @@ def require_vllm() -> None:
 
 
 class Load(threading.Thread):
-    """Sequential completions in the background until stopped (or n done); ≥60 s client timeouts."""
+    """Sequential completions in the background, at most one per ``pause`` seconds, until stopped (or n
+    done); ≥60 s client timeouts. Paced, so the load spans the whole hunt even on a fast machine."""
 
-    def __init__(self, url: str, n: int = 40, max_tokens: int = 8) -> None:
+    def __init__(self, url: str, n: int = 1000, max_tokens: int = 8, pause: float = 0.25) -> None:
         super().__init__(daemon=True)
-        self.url, self.n, self.max_tokens = url, n, max_tokens
+        self.url, self.n, self.max_tokens, self.pause = url, n, max_tokens, pause
         self.ok = self.failed = 0
         self.stop_event = threading.Event()
 
@@ -40,6 +41,7 @@ class Load(threading.Thread):
                 self.ok += 1
             except OSError:
                 self.failed += 1
+            self.stop_event.wait(self.pause)
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -14,6 +14,11 @@ Never harm the target:
   reached, time, budget, Ctrl-C/``stop()``, error, target exit). The first stack through large
   libraries costs gdb a one-off ~50–150 ms (unwind tables read lazily): the 30 s floor lets a process
   such as a vLLM worker give more than that one stack.
+- What the budget does not see: under ``catch syscall`` the kernel stops a traced thread at *every*
+  syscall (PTRACE_SYSCALL) and gdb resumes the non-matching ones itself, without running the
+  sampler; a syscall-heavy target pays that for the whole window (``gdb_seconds``, 10 s by default).
+  Rare call paths among frequent mmaps (seed 002's pool growth: one 148 KiB chunk per ~1,000 hooked
+  munmaps) need a larger budget (``HuntOptions.extra["gdb_budget"]``) or the eBPF ledger.
 - gdb runs in its own session (a Ctrl-C on the terminal reaches leaktrace only, which detaches
   cleanly). If leaktrace dies, even by SIGKILL, gdb reads EOF on its stdin, quits, and the sampler's
   ``gdb_exiting`` handler detaches first.
@@ -51,6 +56,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import queue
 import re
 import shutil
@@ -206,6 +212,9 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
 
 def preflight(pids: list[int]) -> None:
     """Raise GdbUnavailable with one line when gdb cannot sample these processes."""
+    if platform.machine() != "x86_64":
+        raise GdbUnavailable(f"gdb sampler supports x86-64 only (this is {platform.machine()})",
+                             "pass --gdb-samples 0")
     for check in gdb_doctor_checks():
         if not check["ok"]:
             raise GdbUnavailable(f"gdb sampler unavailable: {check['detail']}",
