@@ -15,8 +15,23 @@
  * calling library even when it has no frame pointers. A frame-pointer user stack is captured
  * once per (process, return address), not once per call.
  *
+ * PID namespaces: the kernel's pids (bpf_get_current_pid_tgid, sched_process_fork's child_pid) are
+ * init-namespace pids, while user space names its targets, reads /proc and keys its ledger with the
+ * pids of the namespace its /proc belongs to. When that is not the init namespace (a container without
+ * hostPID, a node of the cluster test), user space compiles with LT_PIDNS_DEV/LT_PIDNS_INO (the device
+ * and inode of that namespace's nsfs file) and:
+ *   - names its targets by namespace pid in `ns_targets`;
+ *   - a syscall from a host tgid missing from `targets` asks bpf_get_ns_current_pid_tgid() for its
+ *     namespace tgid, and if that is in `ns_targets`, the host tgid joins `targets` (so later calls take
+ *     the fast path, and forks keep working with sched_process_fork's host pids);
+ *   - every key and event carries namespace pids (the helper, once per traced call);
+ *   - a child's namespace pid is only known in the child, so its FORK event is sent at its first traced
+ *     event (its `targets` value holds the parent's namespace tgid until then).
+ * Tasks in a PID namespace nested below that one are not followed (the helper numbers only the task's
+ * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
+ *
  * Compile-time knobs (-D from leaktrace/bccload.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
- * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF.
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO.
  */
 #include "leaktrace.h"
 
@@ -51,7 +66,15 @@
 #define LT_MREMAP_DONTUNMAP 4ULL
 #define LT_MAX_ERRNO 4095
 
-BPF_HASH(targets, u32, u8, 65536);
+/* host tgid (and tid of threads) -> 0, or, in a PID namespace, the parent's namespace tgid while the
+ * child's FORK event is still to be sent */
+BPF_HASH(targets, u32, u32, 65536);
+#ifdef LT_PIDNS_INO
+#ifndef LT_PIDNS_DEV
+#error "LT_PIDNS_INO needs LT_PIDNS_DEV"
+#endif
+BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for */
+#endif
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 BPF_HASH(pending, u32, struct lt_pending, 65536);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
@@ -119,16 +142,62 @@ static __always_inline void emit(struct lt_event *ev)
         *sent += 1;
 }
 
-static __always_inline int traced(u32 tgid)
+/* The caller as user space numbers it. */
+struct lt_ids {
+    u32 tgid;
+    u32 tid;
+};
+
+/* Is the current task traced? Fills `ids` (user-space numbering) when it is. */
+static __always_inline int current_ids(struct lt_ids *ids)
 {
-    return targets.lookup(&tgid) != 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+#ifndef LT_PIDNS_INO
+    if (!targets.lookup(&tgid))
+        return 0;
+    ids->tgid = tgid;
+    ids->tid = (u32)id;
+    return 1;
+#else
+    struct bpf_pidns_info ns = {};
+    u32 *parent = targets.lookup(&tgid);
+    /* Fails (and so does not trace) for tasks of any other PID namespace. */
+    if (bpf_get_ns_current_pid_tgid(LT_PIDNS_DEV, LT_PIDNS_INO, &ns, sizeof(ns)) != 0)
+        return 0;
+    ids->tgid = ns.tgid;
+    ids->tid = ns.pid;
+    if (!parent) {
+        u32 nstgid = ns.tgid;
+        if (!ns_targets.lookup(&nstgid))
+            return 0;
+        u32 zero = 0;
+        targets.update(&tgid, &zero);
+        return 1;
+    }
+    if (*parent) {
+        /* First traced event of a child born traced: now its namespace pid is known. */
+        struct lt_event ev = {};
+        ev.seq = bpf_ktime_get_ns();
+        ev.type = LT_EV_FORK;
+        ev.tgid = *parent;
+        ev.aux_pid = ns.tgid;
+        ev.stack_id = -1;
+        *parent = 0;
+        emit(&ev);
+    }
+    return 1;
+#endif
 }
 
 /* Entry of mmap/mremap/brk: keep the arguments and the call site for the exit. */
-static __always_inline void remember(void *ctx, u32 tgid, u32 tid, u64 addr, u64 len, u64 new_len,
+static __always_inline void remember(void *ctx, struct lt_ids *ids, u64 addr, u64 len, u64 new_len,
                                      u64 new_addr, u64 flags, u64 prot, u64 fd)
 {
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
     struct lt_pending p = {};
+    p.tgid = ids->tgid;
+    p.tid = ids->tid;
     p.addr = addr;
     p.len = len;
     p.new_len = new_len;
@@ -137,35 +206,34 @@ static __always_inline void remember(void *ctx, u32 tgid, u32 tid, u64 addr, u64
     p.prot = prot;
     p.fd = fd;
     read_site(&p.site, &p.ip);
-    p.stack_id = site_stack(ctx, tgid, p.site);
+    p.stack_id = site_stack(ctx, ids->tgid, p.site);
     p.t_enter = bpf_ktime_get_ns();
-    pending.update(&tid, &p);
+    pending.update(&host_tid, &p);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    if (!traced(tgid))
+    struct lt_ids ids;
+    if (!current_ids(&ids))
         return 0;
     count(LT_CNT_SYSCALLS);
-    remember(args, tgid, tid, args->addr, args->len, 0, 0, args->flags, args->prot, args->fd);
+    remember(args, &ids, args->addr, args->len, 0, 0, args->flags, args->prot, args->fd);
     return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    struct lt_pending *p = pending.lookup(&tid);
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
+    struct lt_pending *p = pending.lookup(&host_tid);
     if (!p)
         return 0;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending.delete(&tid);
+        pending.delete(&host_tid);
         return 0;
     }
+    u32 tgid = p->tgid, tid = p->tid;
     u64 len = page_up(p->len);
     u64 now = bpf_ktime_get_ns();
     int anon = (p->flags & LT_MAP_ANONYMOUS) != 0;
@@ -194,7 +262,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
                 hint.len = len;
                 emit(&hint);
             }
-            pending.delete(&tid);
+            pending.delete(&host_tid);
             return 0;
         }
         count(LT_CNT_MAP_FULL);
@@ -213,7 +281,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending.delete(&tid);
+    pending.delete(&host_tid);
     emit(&ev);
     return 0;
 }
@@ -222,10 +290,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
  * unmap happens, so it is ordered before any mmap that reuses the freed range. */
 TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    if (!traced(tgid))
+    struct lt_ids ids;
+    if (!current_ids(&ids))
         return 0;
+    u32 tgid = ids.tgid, tid = ids.tid;
     count(LT_CNT_SYSCALLS);
     u64 addr = args->addr;
     u64 len = page_up(args->len);
@@ -251,28 +319,27 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    if (!traced(tgid))
+    struct lt_ids ids;
+    if (!current_ids(&ids))
         return 0;
     count(LT_CNT_SYSCALLS);
-    remember(args, tgid, tid, args->addr, args->old_len, args->new_len, args->new_addr, args->flags, 0, 0);
+    remember(args, &ids, args->addr, args->old_len, args->new_len, args->new_addr, args->flags, 0, 0);
     return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    struct lt_pending *p = pending.lookup(&tid);
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
+    struct lt_pending *p = pending.lookup(&host_tid);
     if (!p)
         return 0;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending.delete(&tid);
+        pending.delete(&host_tid);
         return 0;
     }
+    u32 tgid = p->tgid, tid = p->tid;
     u64 old_len = page_up(p->len);
     u64 new_len = page_up(p->new_len);
     u64 now = bpf_ktime_get_ns();
@@ -287,7 +354,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
         regions.delete(&key);
         if (regions.update(&nkey, &moved) == 0) {
             count(LT_CNT_SETTLED);
-            pending.delete(&tid);
+            pending.delete(&host_tid);
             return 0;
         }
         count(LT_CNT_MAP_FULL);
@@ -306,7 +373,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
         lost.ip = moved.ip;
         lost.stack_id = moved.stack_id;
         lost.result = ret;
-        pending.delete(&tid);
+        pending.delete(&host_tid);
         emit(&lost);
         return 0;
     }
@@ -324,43 +391,41 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending.delete(&tid);
+    pending.delete(&host_tid);
     emit(&ev);
     return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    if (!traced(tgid))
+    struct lt_ids ids;
+    if (!current_ids(&ids))
         return 0;
     count(LT_CNT_SYSCALLS);
     if (args->brk == 0)  /* a query: nothing moves */
         return 0;
-    remember(args, tgid, tid, args->brk, 0, 0, 0, 0, 0, 0);
+    remember(args, &ids, args->brk, 0, 0, 0, 0, 0, 0);
     return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tid = (u32)id;
-    struct lt_pending *p = pending.lookup(&tid);
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
+    struct lt_pending *p = pending.lookup(&host_tid);
     if (!p)
         return 0;
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
     ev.type = LT_EV_BRK;
-    ev.tgid = id >> 32;
-    ev.tid = tid;
+    ev.tgid = p->tgid;
+    ev.tid = p->tid;
     ev.addr = (u64)args->ret;  /* the break after the call, moved or not */
     ev.len = p->addr;          /* what was asked */
     ev.site = p->site;
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = args->ret;
-    pending.delete(&tid);
+    pending.delete(&host_tid);
     emit(&ev);
     return 0;
 }
@@ -368,35 +433,43 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
     /* The tracepoint runs in the parent; parent_pid is its thread id, so use the current tgid. */
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!traced(tgid))
+    struct lt_ids ids;
+    if (!current_ids(&ids))
         return 0;
-    u32 child = args->child_pid;
-    u8 one = 1;
+    u32 child = args->child_pid;  /* a host pid */
     /* Threads are added too (their tid is never another live process's tgid) and removed at exit. */
-    targets.update(&child, &one);
+#ifndef LT_PIDNS_INO
+    u32 zero = 0;
+    targets.update(&child, &zero);
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
     ev.type = LT_EV_FORK;
-    ev.tgid = tgid;
-    ev.tid = (u32)bpf_get_current_pid_tgid();
+    ev.tgid = ids.tgid;
+    ev.tid = ids.tid;
     ev.aux_pid = child;
     ev.stack_id = -1;
     emit(&ev);
+#else
+    /* The child's namespace pid is not known here: its first traced event sends the FORK. */
+    u32 parent = ids.tgid;
+    targets.update(&child, &parent);
+#endif
     return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_process_exec)
 {
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (!traced(tgid))
+    struct lt_ids ids;
+    if (!current_ids(&ids))
         return 0;
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
     ev.type = LT_EV_EXEC;
-    ev.tgid = tgid;
-    ev.tid = args->pid;
+    ev.tgid = ids.tgid;
+    ev.tid = ids.tid;  /* == args->pid: the exec'ing thread became the leader */
+#ifndef LT_PIDNS_INO
     ev.aux_pid = args->old_pid;
+#endif
     ev.stack_id = -1;
     emit(&ev);
     return 0;
@@ -406,7 +479,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    if (!traced(tgid))
+    struct lt_ids ids;
+    if (!current_ids(&ids))
         return 0;
     pending.delete(&tid);
     if (tid != tgid)
@@ -414,11 +488,14 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!args->group_dead)
         return 0;
     targets.delete(&tgid);
+#ifdef LT_PIDNS_INO
+    ns_targets.delete(&ids.tgid);
+#endif
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
     ev.type = LT_EV_EXIT;
-    ev.tgid = tgid;
-    ev.tid = tid;
+    ev.tgid = ids.tgid;
+    ev.tid = ids.tid;
     ev.stack_id = -1;
     emit(&ev);
     return 0;

@@ -14,7 +14,9 @@
 #define LT_EV_MUNMAP 2   /* a munmap that is not exactly one kernel-tracked region (emitted at entry) */
 #define LT_EV_MREMAP 3   /* an mremap of a region not kernel-tracked, or partial / DONTUNMAP / FIXED */
 #define LT_EV_BRK 4      /* the program break moved (result of brk(addr != 0)) */
-#define LT_EV_FORK 5     /* a task of the target set created a task: aux_pid is the child */
+#define LT_EV_FORK 5     /* a task of the target set created a task: aux_pid is the child. In a PID
+                          * namespace (LT_PIDNS_INO) it is sent at the child's first traced event, once
+                          * its namespace pid is known, and only for processes (tid is then 0) */
 #define LT_EV_EXEC 6     /* a traced process replaced its address space */
 #define LT_EV_EXIT 7     /* a traced process's last thread exited (group_dead) */
 #define LT_EV_LIBMAP 8   /* a file mapped executable (a library loaded): user space refreshes its maps copy */
@@ -63,9 +65,13 @@ struct lt_pending {
     __u64 ip;
     __s64 stack_id;
     __u64 t_enter;
+    __u32 tgid;      /* the caller as user space numbers it (its PID namespace's ids) */
+    __u32 tid;
 };
 
-/* A slow-path event (ring buffer record). */
+/* A slow-path event (ring buffer record). Every pid in it (tgid, tid, aux_pid) and in the map keys
+ * below is numbered as leaktrace's /proc numbers it: host pids, or, when leaktrace runs inside a PID
+ * namespace, that namespace's pids (see "PID namespaces" in leaktrace.bpf.c). */
 struct lt_event {
     __u64 seq;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
     __u32 type;

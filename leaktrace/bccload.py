@@ -111,6 +111,54 @@ def choose_headers() -> HeaderChoice:
                         f"no kernel headers for {platform.release()}: bundled stub tree {STUB_HEADERS}")
 
 
+# The init PID namespace's inode number (PROC_PID_INIT_INO in include/linux/proc_ns.h): fixed by the kernel.
+INIT_PIDNS_INO = 0xEFFFFFFC
+
+
+@dataclass
+class PidNamespace:
+    """The PID namespace whose numbers leaktrace's /proc shows (targets, maps, the ledger's keys)."""
+
+    dev: int  # the nsfs device, in the kernel's internal encoding (what bpf_get_ns_current_pid_tgid takes)
+    ino: int
+    source: str  # the nsfs file it was read from
+
+    @property
+    def is_init(self) -> bool:
+        return self.ino == INIT_PIDNS_INO
+
+    def defines(self) -> dict[str, int]:
+        """Compile-time knobs of bpf/leaktrace.bpf.c: none in the init namespace (host pids, as the kernel)."""
+        return {} if self.is_init else {"LT_PIDNS_DEV": self.dev, "LT_PIDNS_INO": self.ino}
+
+    def describe(self) -> str:
+        if self.is_init:
+            return "init PID namespace: the kernel's pids are /proc's"
+        return (f"PID namespace {self.ino} ({self.source}): pids translated in the kernel "
+                "(bpf_get_ns_current_pid_tgid)")
+
+
+def pid_namespace() -> PidNamespace | None:
+    """The PID namespace of the mounted /proc (None when it cannot be read).
+
+    Usually ours (a container, ``unshare --pid --mount-proc``): /proc/self then names us by our own pid.
+    When it does not, /proc belongs to another namespace (the host's /proc seen from a child namespace):
+    that of /proc's PID 1, whose pids are the ones leaktrace reads. (/proc/1/ns may be unreadable even to
+    root, e.g. when PID 1 holds capabilities we lack.)"""
+    try:
+        ours = os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        ours = False
+    for path in ("/proc/self/ns/pid", "/proc/1/ns/pid") if ours else ("/proc/1/ns/pid",):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        # stat() encodes st_dev for user space; the kernel compares its internal MKDEV(major, minor).
+        return PidNamespace((os.major(st.st_dev) << 20) | os.minor(st.st_dev), st.st_ino, path)
+    return None
+
+
 def compile_flags(extra: dict[str, int] | None = None) -> list[str]:
     ip_off, sp_off = REGS_OFFSETS.get(platform.machine(), REGS_OFFSETS["x86_64"])
     defs = {"LT_REGS_IP_OFF": ip_off, "LT_REGS_SP_OFF": sp_off, **(extra or {})}
@@ -180,6 +228,9 @@ def bpf_doctor_checks() -> list[dict[str, Any]]:
                          + (f"; missing {', '.join(missing)}" if missing else ""),
                          "mount tracefs (mount -t tracefs nodev /sys/kernel/tracing); kernel needs "
                          "CONFIG_FTRACE_SYSCALLS"))
+    ns = pid_namespace()
+    checks.append(_check("pid namespace", ns is not None, ns.describe() if ns else "/proc/*/ns/pid unreadable",
+                         "mount /proc (and run as root) so /proc/1/ns/pid can be read"))
     btf = Path("/sys/kernel/btf/vmlinux").exists()
     checks.append(_check("kernel BTF", btf, "/sys/kernel/btf/vmlinux" if btf else "absent",
                          "a kernel built with CONFIG_DEBUG_INFO_BTF (needed for bpf_task_pt_regs)"))

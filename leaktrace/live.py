@@ -97,8 +97,13 @@ class RecentRates:
                 rss_s = theil_sen(t, np.array([s[1] for s in w], dtype=float))[0] if len(w) >= 3 else 0.0
                 anon_s = theil_sen(t, np.array([s[2] for s in w], dtype=float))[0] if len(w) >= 3 else 0.0
                 last = w[-1] if w else (0.0, 0, 0)
-                out[pid] = {"rss": last[1], "anon": last[2], "rss_per_s": rss_s, "anon_per_s": anon_s,
-                            "span_s": float(t[-1] - t[0]) if len(t) else 0.0}
+                out[pid] = {
+                    "rss": last[1],
+                    "anon": last[2],
+                    "rss_per_s": rss_s,
+                    "anon_per_s": anon_s,
+                    "span_s": float(t[-1] - t[0]) if len(t) else 0.0,
+                }
         return out
 
     def library_growth(self) -> list[tuple[str, int, float]]:
@@ -144,8 +149,9 @@ class LiveView:
         from rich.live import Live
 
         console = Console(stderr=True, force_terminal=True)
-        self._live = Live(console=console, refresh_per_second=2, transient=False, redirect_stdout=True,
-                          redirect_stderr=True)
+        self._live = Live(
+            console=console, refresh_per_second=2, transient=False, redirect_stdout=True, redirect_stderr=True
+        )
         self._live.start()
 
     def close(self) -> None:
@@ -177,11 +183,14 @@ class LiveView:
         elapsed, remaining = self._times(ctx, now)
         rates = self.rates.process_rates()
         total = sum(r["rss"] for r in rates.values())
-        parts = [f"live {_fmt_s(elapsed)} elapsed, {_fmt_s(remaining)} left",
-                 f"{len(rates)} process(es) RSS {total / MB:.1f} MB"]
+        parts = [
+            f"live {_fmt_s(elapsed)} elapsed, {_fmt_s(remaining)} left",
+            f"{len(rates)} process(es) RSS {total / MB:.1f} MB",
+        ]
         top = sorted(rates.items(), key=lambda kv: -kv[1]["anon_per_s"])[:3]
-        parts += [f"pid {pid} RSS {r['rss'] / MB:.1f} MB anon {_mb_min(r['anon_per_s'])} MB/min"
-                  for pid, r in top]
+        parts += [
+            f"pid {pid} RSS {r['rss'] / MB:.1f} MB anon {_mb_min(r['anon_per_s'])} MB/min" for pid, r in top
+        ]
         libs = self.rates.library_growth()
         if libs and libs[0][2] > 0:
             parts.append(f"top library {libs[0][0]} {_mb_min(libs[0][2])} MB/min")
@@ -199,39 +208,61 @@ class LiveView:
         elapsed, remaining = self._times(ctx, now)
         rates = self.rates.process_rates()
         table = Table(expand=True, pad_edge=False, box=None)
-        for col, just in (("pid", "right"), ("process", "left"), ("RSS MB", "right"),
-                          ("RSS MB/min", "right"), ("anon MB", "right"), ("anon MB/min", "right")):
+        for col, just in (
+            ("pid", "right"),
+            ("process", "left"),
+            ("RSS MB", "right"),
+            ("RSS MB/min", "right"),
+            ("anon MB", "right"),
+            ("anon MB/min", "right"),
+        ):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         labels = ctx.targets.labels
         rows = sorted(rates.items(), key=lambda kv: -kv[1]["anon_per_s"])
         for pid, r in rows[:MAX_ROWS]:
             style = "bold red" if r["anon_per_s"] * 60 >= MB and r["span_s"] >= 10 else ""
-            table.add_row(str(pid), str(labels.get(pid, "?"))[:32], f"{r['rss'] / MB:.1f}",
-                          _mb_min(r["rss_per_s"]), f"{r['anon'] / MB:.1f}", _mb_min(r["anon_per_s"]),
-                          style=style)
+            table.add_row(
+                str(pid),
+                str(labels.get(pid, "?"))[:32],
+                f"{r['rss'] / MB:.1f}",
+                _mb_min(r["rss_per_s"]),
+                f"{r['anon'] / MB:.1f}",
+                _mb_min(r["anon_per_s"]),
+                style=style,
+            )
         if len(rows) > MAX_ROWS:
             table.add_row("", f"… {len(rows) - MAX_ROWS} more", "", "", "", "")
         lines = []
         libs = self.rates.library_growth()
         if libs:
             lib, outstanding, growth = libs[0]
-            lines.append(f"top growing library: {lib}  {_mb_min(growth)} MB/min, "
-                         f"{outstanding / MB:.1f} MB outstanding")
+            lines.append(
+                f"top growing library: {lib}  {_mb_min(growth)} MB/min, {outstanding / MB:.1f} MB outstanding"
+            )
         bpf = self.rates.bpf
         if bpf:
-            lines.append(f"eBPF ledger: {_as_int(bpf.get('events'))} events, "
-                         f"{_as_int(bpf.get('lost_events'))} lost")
+            lines.append(
+                f"eBPF ledger: {_as_int(bpf.get('events'))} events, {_as_int(bpf.get('lost_events'))} lost"
+            )
         gdb = self.rates.gdb
         if gdb:
             paused = gdb.get("paused_s")
-            lines.append(f"gdb: {_as_int(gdb.get('samples'))} stack samples"
-                         + (f", target paused {float(paused) * 1000:.0f} ms" if paused is not None else ""))
+            lines.append(
+                f"gdb: {_as_int(gdb.get('samples'))} stack samples"
+                + (f", target paused {float(paused) * 1000:.0f} ms" if paused is not None else "")
+            )
         if ctx.warnings:
             lines.append(f"{len(ctx.warnings)} warning(s); last: {ctx.warnings[-1][:100]}")
-        title = (f"leaktrace hunt — {_fmt_s(elapsed)} elapsed, {_fmt_s(remaining)} left — "
-                 f"rates over the last {int(WINDOW_S)} s")
-        return Panel(Group(table, Text("\n".join(lines), style="dim") if lines else Text("")),
-                     title=title, subtitle=str(ctx.session.path), title_align="left")
+        title = (
+            f"leaktrace hunt — {_fmt_s(elapsed)} elapsed, {_fmt_s(remaining)} left — "
+            f"rates over the last {int(WINDOW_S)} s"
+        )
+        return Panel(
+            Group(table, Text("\n".join(lines), style="dim") if lines else Text("")),
+            title=title,
+            subtitle=str(ctx.session.path),
+            title_align="left",
+        )
 
 
 def choose_mode(options: HuntOptions, stream: Any = None) -> str:
@@ -259,4 +290,3 @@ def live_view(options: HuntOptions, log: Callable[[str], None], quiet: bool = Fa
         yield view
     finally:
         view.close()
-

@@ -323,8 +323,21 @@ def redact_cmdline(argv: list[str]) -> list[str]:
                 hide_next = True
             continue
         a = _URL_CRED_RE.sub(lambda mm: f"{mm.group(1)}{mm.group(2)}:{REDACTED}@", a)
+        if '"' in a:
+            a = redact_json_text(a)
         out.append(a)
     return out
+
+
+# "secret-looking key": "value" inside JSON arguments (--kv-transfer-config '{..."password": "x"}').
+# Text-level, so malformed or truncated JSON is redacted too, and the rest keeps its formatting.
+_JSON_SECRET_RE = re.compile(
+    r'("[^"]*(?:token|secret|passw|api[-_]?key|access[-_]?key|auth|credential|private)[^"]*"\s*:\s*)'
+    r'"(?:[^"\\]|\\.)*"', re.I)
+
+
+def redact_json_text(text: str) -> str:
+    return _JSON_SECRET_RE.sub(lambda m: f'{m.group(1)}"{REDACTED}"', text)
 
 
 def redact_url(url: str) -> str:

@@ -259,8 +259,8 @@ def _merge_parts(d: Path, group: list[tuple[int, int, Path]]) -> None:
         with pq.ParquetWriter(tmp, schema) as w:
             for _, _, p in group:
                 t = pq.read_table(p)
-                cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(len(t), f.type)
-                        for f in schema]
+                cols = [t.column(f.name).cast(f.type) if f.name in t.column_names
+                        else pa.nulls(len(t), f.type) for f in schema]
                 w.write_table(pa.Table.from_arrays(cols, schema=schema))
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -345,7 +345,8 @@ class SessionReader:
             raise SessionError(f"{meta_path} is corrupt ({e.__class__.__name__})") from e
         if not isinstance(self.meta, dict) or self.meta.get("schema") != SESSION_SCHEMA:
             raise SessionError(f"{meta_path} is not a {SESSION_SCHEMA} session")
-        bad = [k for k, types in _META_TYPES.items() if k in self.meta and not isinstance(self.meta[k], types)]
+        bad = [k for k, types in _META_TYPES.items()
+               if k in self.meta and not isinstance(self.meta[k], types)]
         if bad:
             # A hand-edited meta.json: say which fields, rather than fail somewhere in the analysis.
             raise SessionError(f"{meta_path} is corrupt: field(s) {', '.join(bad)} have the wrong type",
@@ -361,11 +362,10 @@ class SessionReader:
         d = self.path / TABLES
         return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
 
-    def table(self, name: str) -> pd.DataFrame:
-        if name in self._cache:
-            return self._cache[name]
+    def _read_parts(self, name: str, final: bool) -> list[pa.Table]:
         d = self.path / TABLES / name
         frames: list[pa.Table] = []
+        skipped: list[str] = []
         covered = -1
         for first, last, p in part_files(d):
             if first <= covered:
@@ -373,11 +373,28 @@ class SessionReader:
             try:
                 tbl = pq.read_table(p)
                 frames.append(_conform(tbl, SCHEMAS[name]) if name in SCHEMAS else tbl)
+            except FileNotFoundError:
+                if not final:
+                    raise
+                skipped.append(str(p.relative_to(self.path)))
+                continue
             except Exception:  # noqa: BLE001 - a truncated or hand-edited part: skip it, say so
                 # An unreadable range file covers nothing: leftovers of its parts are read instead.
-                self.skipped_parts.append(str(p.relative_to(self.path)))
+                skipped.append(str(p.relative_to(self.path)))
                 continue
             covered = last
+        self.skipped_parts.extend(skipped)
+        return frames
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name in self._cache:
+            return self._cache[name]
+        for attempt in range(3):
+            try:
+                frames = self._read_parts(name, final=attempt == 2)
+                break
+            except FileNotFoundError:
+                continue  # a live hunt compacted parts while we listed them: list again
         if frames:
             try:
                 df = pa.concat_tables(frames, promote_options="default").to_pandas()

@@ -2,9 +2,10 @@
 
 Two hunts on one process would both stop it under gdb (ptrace admits one tracer: the second sampler
 fails mid-hunt) and double the eBPF overhead it pays, for two reports of the same figures. Each hunt
-takes an exclusive ``flock`` per target process, keyed by pid *and* start time (a reused pid is another
-process). The kernel drops a flock when its holder dies, SIGKILL included, so no stale lock outlives
-a killed hunt; the lock file keeps who holds it, for the message.
+takes an exclusive ``flock`` per target process, keyed by pid, start time (a reused pid is another
+process) and pid namespace. The kernel drops a flock when its holder dies, SIGKILL included, so no
+stale lock outlives a killed hunt; the lock file keeps who holds it, for the message. Only the roots
+given to ``hunt`` are locked (a hunt on a child of a hunted tree is not refused).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ def _lock_dir() -> Path:
                 return Path(d)
         except OSError:
             continue
-    raise TargetBusy(f"no writable lock directory among {', '.join(LOCK_DIRS)}",
-                     "set LEAKTRACE_LOCK_DIR to a writable directory")
+    raise TargetBusy(
+        f"no writable lock directory among {', '.join(LOCK_DIRS)}",
+        "set LEAKTRACE_LOCK_DIR to a writable directory",
+    )
 
 
 class TargetLocks:
@@ -46,7 +49,7 @@ class TargetLocks:
                     start = procfs.read_stat(pid)["starttime"]
                 except LeaktraceError:
                     continue  # gone: run_hunt says so
-                path = d / f"pid-{pid}-{start}.lock"
+                path = d / f"pid-{pid}-{start}{_pidns_suffix(pid)}.lock"
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -56,7 +59,8 @@ class TargetLocks:
                     raise TargetBusy(
                         f"pid {pid} is already being hunted by leaktrace pid {holder.get('pid', '?')} "
                         f"(session {holder.get('out', '?')})",
-                        "wait for that hunt to finish or stop it; one hunt per process") from None
+                        "wait for that hunt to finish or stop it; one hunt per process",
+                    ) from None
                 os.ftruncate(fd, 0)
                 os.write(fd, json.dumps({"pid": os.getpid(), "out": str(Path(out).resolve())}).encode())
                 self._files.append((fd, path))
@@ -70,6 +74,15 @@ class TargetLocks:
         for fd, _path in self._files:
             os.close(fd)
         self._files = []
+
+
+def _pidns_suffix(pid: int) -> str:
+    """The pid namespace's inode: pids and start times of processes in sibling namespaces (containers,
+    per-node namespaces of a cluster test) can coincide, the namespace cannot."""
+    try:
+        return "-ns" + os.readlink(f"{procfs.PROC}/{pid}/ns/pid").strip("pid:[]")
+    except OSError:
+        return ""
 
 
 def _read_holder(fd: int) -> dict:

@@ -14,9 +14,14 @@ from conftest import LEAKTRACE, REPO, wait_for
 
 def start_hunt(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`leaktrace hunt ARGS` as a child process (stdout/stderr captured as text)."""
-    return subprocess.Popen([*LEAKTRACE, "hunt", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(REPO),
-                            env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [*LEAKTRACE, "hunt", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+        env={**os.environ, **(env or {})},
+    )
 
 
 def parts(out: Path, table: str = "rollup") -> list[Path]:
@@ -34,6 +39,7 @@ def wait_attached(out: Path, timeout: float = 60) -> bool:
         except (OSError, ValueError):
             return False
         return meta.get("attach_s") is not None and bool(parts(out))
+
     return wait_for(ok, timeout=timeout, step=0.2)
 
 
@@ -68,8 +74,12 @@ def bpf_prog_ids() -> set[int] | None:
     libc = ctypes.CDLL(None, use_errno=True)
 
     class Attr(ctypes.Structure):
-        _fields_ = [("start_id", ctypes.c_uint32), ("next_id", ctypes.c_uint32),
-                    ("open_flags", ctypes.c_uint32), ("pad", ctypes.c_uint8 * 116)]
+        _fields_ = [
+            ("start_id", ctypes.c_uint32),
+            ("next_id", ctypes.c_uint32),
+            ("open_flags", ctypes.c_uint32),
+            ("pad", ctypes.c_uint8 * 116),
+        ]
 
     ids: set[int] = set()
     attr = Attr()
@@ -95,8 +105,10 @@ def prog_ids_held_by(pid: int) -> set[int]:
 
 
 def wait_gone(pid: int, timeout: float = 15) -> bool:
-    return wait_for(lambda: not Path(f"/proc/{pid}").exists()
-                    or proc_status(pid).get("State", "").startswith("Z"), timeout=timeout)
+    return wait_for(
+        lambda: not Path(f"/proc/{pid}").exists() or proc_status(pid).get("State", "").startswith("Z"),
+        timeout=timeout,
+    )
 
 
 def stop_hunt(p: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:

@@ -19,12 +19,13 @@ from ops_helpers import one_error_line
 from leaktrace import procfs
 from leaktrace.procfs import ParseError
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 
 # Paths as the kernel prints them: any character but NUL and "\n" (which it escapes as "\012").
 path_chars = st.characters(blacklist_characters="\n\x00", blacklist_categories=("Cs",))
 kernel_paths = st.one_of(
-    st.just(""), st.sampled_from(["[heap]", "[stack]", "[vdso]", "[anon:vllm kv]", "/SYSV00000000 (deleted)"]),
+    st.just(""),
+    st.sampled_from(["[heap]", "[stack]", "[vdso]", "[anon:vllm kv]", "/SYSV00000000 (deleted)"]),
     st.text(path_chars, max_size=300).map(lambda s: "/" + s),
     st.text(path_chars, max_size=40).map(lambda s: "/dev/shm/" + s + " (deleted)"),
 )
@@ -38,8 +39,11 @@ def maps_lines(draw) -> tuple[str, int, int, str]:
     path = draw(kernel_paths)
     inode = draw(st.integers(0, 2**40))
     pad = " " * (26 - len(str(inode))) if path else ""
-    line = f"{start:x}-{end:x} {perms} {draw(st.integers(0, 2**40)):08x} fd:01 {inode}{pad}{' ' if path else ''}{path}"
-    return line.rstrip(" ") if not path else line, start, end, path
+    offset = draw(st.integers(0, 2**40))
+    line = f"{start:x}-{end:x} {perms} {offset:08x} fd:01 {inode}"
+    if path:
+        line += f"{pad} {path}"
+    return line, start, end, path
 
 
 @FUZZ
@@ -51,16 +55,16 @@ def test_maps_roundtrip_hostile_paths(lines):
 
 
 @FUZZ
-@given(st.lists(maps_lines(), max_size=8), st.lists(st.integers(0, 10**9), max_size=8),
-       st.text(max_size=200))
+@given(st.lists(maps_lines(), max_size=8), st.lists(st.integers(0, 10**9), max_size=8), st.text(max_size=200))
 def test_smaps_roundtrip_and_noise(lines, rss, noise):
     """smaps with hostile paths parses exactly; arbitrary garbage raises ParseError, nothing else."""
     text = ""
     for (ln, *_), kb in zip(lines, rss + [0] * len(lines), strict=False):
         text += f"{ln}\nSize: 4 kB\nRss: {kb} kB\nAnonymous: {kb} kB\nVmFlags: rd wr mr mw me ac\n"
     parsed = procfs.parse_smaps(text)
-    assert [(m.path, m.rss) for m in parsed] == [(p, kb * 1024) for (_, _, _, p), kb in
-                                                 zip(lines, rss + [0] * len(lines), strict=False)]
+    assert [(m.path, m.rss) for m in parsed] == [
+        (p, kb * 1024) for (_, _, _, p), kb in zip(lines, rss + [0] * len(lines), strict=False)
+    ]
     try:
         procfs.parse_smaps(text + noise)
     except ParseError:
@@ -86,8 +90,10 @@ def test_smaps_garbage_only_parse_errors(text):
 
 
 rollup_lines = st.one_of(
-    st.tuples(st.sampled_from(["Rss", "Pss", "Anonymous", "Swap", "Private_Dirty", "Pss_Anon"]),
-              st.integers(0, 2**40)).map(lambda kv: f"{kv[0]}:   {kv[1]} kB"),
+    st.tuples(
+        st.sampled_from(["Rss", "Pss", "Anonymous", "Swap", "Private_Dirty", "Pss_Anon"]),
+        st.integers(0, 2**40),
+    ).map(lambda kv: f"{kv[0]}:   {kv[1]} kB"),
     st.just("55d0c0000000-7ffd5c7f2000 ---p 00000000 00:00 0                          [rollup]"),
     st.text(max_size=80).filter(lambda s: "\n" not in s),
 )
@@ -105,13 +111,23 @@ def test_smaps_rollup_fuzz(lines):
 
 
 prom_lines = st.one_of(
-    st.sampled_from([
-        "# HELP vllm:num_requests_running Number of requests.", "# TYPE vllm:num_requests_running gauge",
-        'vllm:num_requests_running{model_name="m"} 3.0', "# TYPE vllm:request_success_total counter",
-        'vllm:request_success_total{finished_reason="stop",model_name="m"} 12.0',
-        'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 1e3',
-        "process_resident_memory_bytes 7.4e+08", "# EOF", "", "bad line {", 'x{a="\\"} 1', "x NaN", "x +Inf",
-    ]),
+    st.sampled_from(
+        [
+            "# HELP vllm:num_requests_running Number of requests.",
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{model_name="m"} 3.0',
+            "# TYPE vllm:request_success_total counter",
+            'vllm:request_success_total{finished_reason="stop",model_name="m"} 12.0',
+            'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 1e3',
+            "process_resident_memory_bytes 7.4e+08",
+            "# EOF",
+            "",
+            "bad line {",
+            'x{a="\\"} 1',
+            "x NaN",
+            "x +Inf",
+        ]
+    ),
     st.text(max_size=60).filter(lambda s: "\n" not in s),
 )
 
@@ -165,8 +181,23 @@ def test_hostile_mapping_names_real_process(tmp_path, spawn):
     assert f"{d}/gone (deleted)" in paths and f"{d}/fake (deleted)" in paths
     assert any(p.endswith("/long") and len(p) > 3500 for p in paths)
     out = tmp_path / "s"
-    r = run_cli("hunt", "--pid", target.pid, "--duration", "2", "--interval", "0.5", "--smaps-every", "1",
-                "--out", out, "--no-gdb", "--no-bpf", "--format", "json,md")
+    r = run_cli(
+        "hunt",
+        "--pid",
+        target.pid,
+        "--duration",
+        "2",
+        "--interval",
+        "0.5",
+        "--smaps-every",
+        "1",
+        "--out",
+        out,
+        "--no-gdb",
+        "--no-bpf",
+        "--format",
+        "json,md",
+    )
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     from leaktrace.session import SessionReader
 
@@ -180,6 +211,7 @@ def test_hostile_mapping_names_real_process(tmp_path, spawn):
 
 # ----------------------------------------------------------------------------- sessions edited by hand
 
+
 @pytest.fixture(scope="module")
 def good_session(tmp_path_factory, leaker_bin):
     """One real short session, copied by each test before it is damaged."""
@@ -188,8 +220,23 @@ def good_session(tmp_path_factory, leaker_bin):
     out = tmp_path_factory.mktemp("good") / "s"
     p = Proc([str(leaker_bin), "--leak-kib-per-s", "512"])
     try:
-        r = run_cli("hunt", "--pid", p.pid, "--duration", "3", "--interval", "0.25", "--smaps-every", "2",
-                    "--out", out, "--no-gdb", "--no-bpf", "--format", "json")
+        r = run_cli(
+            "hunt",
+            "--pid",
+            p.pid,
+            "--duration",
+            "3",
+            "--interval",
+            "0.25",
+            "--smaps-every",
+            "2",
+            "--out",
+            out,
+            "--no-gdb",
+            "--no-bpf",
+            "--format",
+            "json",
+        )
         assert r.returncode == 0, r.stderr
     finally:
         p.kill()
@@ -219,8 +266,10 @@ def _damaged(good: Path, tmp_path: Path, how: str) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"t": ["soon"], "pid": ["me"], "rss": ["lots"]}),
-                       tables / "rollup" / "part-999999.parquet")
+        pq.write_table(
+            pa.table({"t": ["soon"], "pid": ["me"], "rss": ["lots"]}),
+            tables / "rollup" / "part-999999.parquet",
+        )
     elif how == "tables-deleted":
         shutil.rmtree(tables)
     elif how == "rollup-deleted":
@@ -233,11 +282,21 @@ def _damaged(good: Path, tmp_path: Path, how: str) -> Path:
     return s
 
 
-@pytest.mark.parametrize("how,rc", [
-    ("meta-truncated", 7), ("meta-missing", 7), ("meta-not-object", 7), ("meta-wrong-types", 7),
-    ("part-truncated", 0), ("part-garbage", 0), ("part-wrong-types", 0),
-    ("tables-deleted", 0), ("rollup-deleted", 0), ("tables-is-file", 0),
-])
+@pytest.mark.parametrize(
+    "how,rc",
+    [
+        ("meta-truncated", 7),
+        ("meta-missing", 7),
+        ("meta-not-object", 7),
+        ("meta-wrong-types", 7),
+        ("part-truncated", 0),
+        ("part-garbage", 0),
+        ("part-wrong-types", 0),
+        ("tables-deleted", 0),
+        ("rollup-deleted", 0),
+        ("tables-is-file", 0),
+    ],
+)
 def test_hand_edited_session(good_session, tmp_path, how, rc):
     """Damaged meta.json: one line, exit 7. Damaged or missing tables: the report renders from what is
     left and says what it skipped."""
@@ -260,6 +319,7 @@ def test_hand_edited_session(good_session, tmp_path, how, rc):
 
 # ----------------------------------------------------------------------------- CLI misuse
 
+
 def _free_pid() -> int:
     pid = 4_000_000
     while Path(f"/proc/{pid}").exists():
@@ -274,10 +334,21 @@ def test_cli_bad_input(tmp_path, spawn, leaker_bin):
     target = spawn([leaker_bin])
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro" / "file").write_text("")
-    r = run_cli("hunt", "--pid", target.pid, "--duration", "1", "--out", tmp_path / "ro" / "file" / "s",
-                "--no-gdb", "--no-bpf")
+    r = run_cli(
+        "hunt",
+        "--pid",
+        target.pid,
+        "--duration",
+        "1",
+        "--out",
+        tmp_path / "ro" / "file" / "s",
+        "--no-gdb",
+        "--no-bpf",
+    )
     cases.append(("--out under a file", r, 9))
-    r = run_cli("hunt", "--pid", target.pid, "--duration", "1", "--out", "/proc/leaktrace/s", "--no-gdb", "--no-bpf")
+    r = run_cli(
+        "hunt", "--pid", target.pid, "--duration", "1", "--out", "/proc/leaktrace/s", "--no-gdb", "--no-bpf"
+    )
     cases.append(("--out not writable", r, 9))
     r = run_cli("report", tmp_path / "missing")
     cases.append(("report on a missing session", r, 7))
@@ -287,8 +358,19 @@ def test_cli_bad_input(tmp_path, spawn, leaker_bin):
     cases.append(("report on a truncated session", r, 7))
     r = run_cli("hunt", "--pid", target.pid, "--duration", "-1")
     cases.append(("negative duration", r, 2))
-    r = run_cli("hunt", "--pid", target.pid, "--duration", "1", "--prometheus-port", "99999", "--no-gdb",
-                "--no-bpf", "--out", tmp_path / "p")
+    r = run_cli(
+        "hunt",
+        "--pid",
+        target.pid,
+        "--duration",
+        "1",
+        "--prometheus-port",
+        "99999",
+        "--no-gdb",
+        "--no-bpf",
+        "--out",
+        tmp_path / "p",
+    )
     cases.append(("impossible prometheus port", r, 2))
     for what, r, rc in cases:
         assert r.returncode == rc, (what, r.returncode, r.stderr)

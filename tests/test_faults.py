@@ -36,8 +36,19 @@ def test_leaktrace_sigkilled_midhunt(tmp_path, spawn, leaker_bin):
     target = spawn([leaker_bin, "--leak-kib-per-s", "2048", "--churn-per-s", "100"])
     out = tmp_path / "s"
     # Many gdb samples: gdb is attached (the target traced) at the moment leaktrace dies.
-    hunt = start_hunt("--pid", target.pid, "--duration", "120", "--interval", "0.5", "--out", out, "--no-live",
-                      "--gdb-samples", "100000")
+    hunt = start_hunt(
+        "--pid",
+        target.pid,
+        "--duration",
+        "120",
+        "--interval",
+        "0.5",
+        "--out",
+        out,
+        "--no-live",
+        "--gdb-samples",
+        "100000",
+    )
     try:
         assert wait_attached(out), hunt.stderr.read() if hunt.poll() is not None else "no attach"
         time.sleep(2)  # BPF events flow, several ticks flushed
@@ -57,13 +68,15 @@ def test_leaktrace_sigkilled_midhunt(tmp_path, spawn, leaker_bin):
     st = proc_status(target.pid)
     assert st["State"][0] in "RS", st["State"]
     rss0 = int(st["VmRSS"].split()[0])
-    assert wait_for(lambda: int(proc_status(target.pid)["VmRSS"].split()[0]) > rss0 + 1024, timeout=10), \
+    assert wait_for(lambda: int(proc_status(target.pid)["VmRSS"].split()[0]) > rss0 + 1024, timeout=10), (
         "target stopped making progress after leaktrace died"
+    )
     if held:
         live_ids = bpf_prog_ids()
         assert live_ids is not None
-        assert wait_for(lambda: not (held & (bpf_prog_ids() or set())), timeout=10), \
+        assert wait_for(lambda: not (held & (bpf_prog_ids() or set())), timeout=10), (
             f"BPF programs {held & live_ids} outlived leaktrace"
+        )
     elif "bpf" in meta.get("probes", []):
         pytest.fail("the bpf probe ran but the hunt held no BPF program fds")
     reader = SessionReader(out)
@@ -81,8 +94,20 @@ def test_target_sigkilled_midhunt(tmp_path, spawn, leaker_bin):
     """The target dies: the hunt ends by itself, finalizes the session, and the report says when."""
     target = spawn([leaker_bin, "--leak-kib-per-s", "1024"])
     out = tmp_path / "s"
-    hunt = start_hunt("--pid", target.pid, "--duration", "120", "--interval", "0.5", "--out", out, "--no-live",
-                      "--no-gdb", "--format", "json")
+    hunt = start_hunt(
+        "--pid",
+        target.pid,
+        "--duration",
+        "120",
+        "--interval",
+        "0.5",
+        "--out",
+        out,
+        "--no-live",
+        "--no-gdb",
+        "--format",
+        "json",
+    )
     assert wait_attached(out)
     time.sleep(2)
     t_kill = json.loads((out / "meta.json").read_text())["start_wall"]
@@ -112,8 +137,23 @@ def test_target_execs(tmp_path, spawn, leaker_bin):
     records the exec, and does not diff the new address space against the old (no fake moves)."""
     target = spawn([sys.executable, "-c", EXEC_SCRIPT, leaker_bin, "4"])
     out = tmp_path / "s"
-    hunt = start_hunt("--pid", target.pid, "--duration", "9", "--interval", "0.5", "--smaps-every", "2",
-                      "--out", out, "--no-live", "--no-gdb", "--no-bpf", "--format", "json")
+    hunt = start_hunt(
+        "--pid",
+        target.pid,
+        "--duration",
+        "9",
+        "--interval",
+        "0.5",
+        "--smaps-every",
+        "2",
+        "--out",
+        out,
+        "--no-live",
+        "--no-gdb",
+        "--no-bpf",
+        "--format",
+        "json",
+    )
     rc, _, stderr = stop_hunt(hunt)
     assert rc == 0, stderr
     reader = SessionReader(out)
@@ -154,8 +194,21 @@ def test_pid_reuse_not_misattributed(tmp_path, spawn, leaker_bin):
         pytest.skip("needs root to choose the next pid (ns_last_pid)")
     target = spawn([leaker_bin])  # flat
     out = tmp_path / "s"
-    hunt = start_hunt("--pid", target.pid, "--duration", "20", "--interval", "1", "--out", out, "--no-live",
-                      "--no-gdb", "--no-bpf", "--format", "json")
+    hunt = start_hunt(
+        "--pid",
+        target.pid,
+        "--duration",
+        "20",
+        "--interval",
+        "1",
+        "--out",
+        out,
+        "--no-live",
+        "--no-gdb",
+        "--no-bpf",
+        "--format",
+        "json",
+    )
     imposter = None
     try:
         assert wait_attached(out)
@@ -186,11 +239,14 @@ def test_two_hunts_on_one_target(tmp_path, spawn, leaker_bin):
     """A second hunt on a process being hunted is refused with one line and its own exit code; once
     the first hunt ends (even killed), hunting it again works."""
     target = spawn([leaker_bin, "--leak-kib-per-s", "256"])
-    first = start_hunt("--pid", target.pid, "--duration", "60", "--out", tmp_path / "a", "--no-live", "--no-gdb",
-                       "--no-bpf")
+    first = start_hunt(
+        "--pid", target.pid, "--duration", "60", "--out", tmp_path / "a", "--no-live", "--no-gdb", "--no-bpf"
+    )
     try:
         assert wait_attached(tmp_path / "a")
-        r = run_cli("hunt", "--pid", target.pid, "--duration", "2", "--out", tmp_path / "b", "--no-gdb", "--no-bpf")
+        r = run_cli(
+            "hunt", "--pid", target.pid, "--duration", "2", "--out", tmp_path / "b", "--no-gdb", "--no-bpf"
+        )
         assert r.returncode == 12, r.stderr
         line = one_error_line(r.stderr)
         assert f"pid {target.pid} is already being hunted by leaktrace pid {first.pid}" in line
@@ -198,8 +254,19 @@ def test_two_hunts_on_one_target(tmp_path, spawn, leaker_bin):
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    r = run_cli("hunt", "--pid", target.pid, "--duration", "1", "--out", tmp_path / "c", "--no-gdb", "--no-bpf",
-                "--format", "json")
+    r = run_cli(
+        "hunt",
+        "--pid",
+        target.pid,
+        "--duration",
+        "1",
+        "--out",
+        tmp_path / "c",
+        "--no-gdb",
+        "--no-bpf",
+        "--format",
+        "json",
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -220,7 +287,9 @@ def small_tmpfs(tmp_path):
         pytest.skip("needs root to mount a tmpfs")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     yield mnt
@@ -232,8 +301,21 @@ def test_disk_full_while_writing(small_tmpfs, spawn, leaker_bin):
     was written before stays readable (and reportable once there is room again)."""
     target = spawn([leaker_bin, "--leak-kib-per-s", "1024"])
     out = small_tmpfs / "s"
-    hunt = start_hunt("--pid", target.pid, "--duration", "6", "--interval", "0.25", "--out", out, "--no-live",
-                      "--no-gdb", "--no-bpf", "--format", "json")
+    hunt = start_hunt(
+        "--pid",
+        target.pid,
+        "--duration",
+        "6",
+        "--interval",
+        "0.25",
+        "--out",
+        out,
+        "--no-live",
+        "--no-gdb",
+        "--no-bpf",
+        "--format",
+        "json",
+    )
     assert wait_attached(out)
     time.sleep(1)
     filler = small_tmpfs / "filler"
@@ -268,15 +350,23 @@ while True:
 
 
 def test_compaction_is_sigkill_safe(tmp_path):
-    """A writer compacting its parts every few flushes, SIGKILLed at random moments: every row
-    written reads back exactly once, in order, and the number of files stays bounded."""
+    """A writer compacting its parts every few flushes, read while it writes, then SIGKILLed at a random
+    moment: every row written reads back exactly once, in order, and the number of files stays bounded."""
     rng = random.Random(8)
     for k in range(3):
         out = tmp_path / f"s{k}"
-        p = subprocess.Popen([sys.executable, "-c", COMPACTING_WRITER, str(out)], stdout=subprocess.PIPE,
-                             text=True, cwd=str(REPO))
+        p = subprocess.Popen(
+            [sys.executable, "-c", COMPACTING_WRITER, str(out)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=str(REPO),
+        )
         assert p.stdout is not None and p.stdout.readline().startswith("ready")
-        time.sleep(rng.uniform(1.0, 2.5))
+        deadline = time.monotonic() + rng.uniform(1.0, 2.5)
+        while time.monotonic() < deadline:  # readers of a live, compacting session see no gap either
+            live = SessionReader(out)
+            seen = live.table("rollup")["rss"].tolist()
+            assert seen == list(range(len(seen))) and live.skipped_parts == [], f"run {k}: live read"
         p.kill()
         p.wait()
         files = parts(out)

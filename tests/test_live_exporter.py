@@ -22,15 +22,33 @@ LEAK_KIB_S = 2048  # 2 MiB/s = 120 MB/min
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_prometheus_exporter(tmp_path, spawn, leaker_bin):
     target = spawn([leaker_bin, "--leak-kib-per-s", str(LEAK_KIB_S)])
     out = tmp_path / "s"
-    hunt = start_hunt("--pid", target.pid, "--duration", "12", "--interval", "0.5", "--out", out, "--no-gdb",
-                      "--no-bpf", "--prometheus-port", "0", "--no-live", "--format", "json")
+    hunt = start_hunt(
+        "--pid",
+        target.pid,
+        "--duration",
+        "12",
+        "--interval",
+        "0.5",
+        "--out",
+        out,
+        "--no-gdb",
+        "--no-bpf",
+        "--prometheus-port",
+        "0",
+        "--no-live",
+        "--format",
+        "json",
+    )
     try:
         assert wait_attached(out)
         port = json.loads((out / "meta.json").read_text())["prometheus"]["port"]
@@ -50,8 +68,19 @@ def test_prometheus_exporter(tmp_path, spawn, leaker_bin):
         assert abs(rate - LEAK_KIB_S * 1024) < 0.25 * LEAK_KIB_S * 1024, rate
         # The same port cannot serve a second hunt: one line, usage exit code.
         other = spawn([leaker_bin])
-        r = run_cli("hunt", "--pid", other.pid, "--duration", "1", "--no-gdb", "--no-bpf", "--out",
-                    tmp_path / "b", "--prometheus-port", port)
+        r = run_cli(
+            "hunt",
+            "--pid",
+            other.pid,
+            "--duration",
+            "1",
+            "--no-gdb",
+            "--no-bpf",
+            "--out",
+            tmp_path / "b",
+            "--prometheus-port",
+            port,
+        )
         assert r.returncode == 2, r.stderr
         assert "already in use" in one_error_line(r.stderr)
     finally:
@@ -63,8 +92,20 @@ def test_prometheus_exporter(tmp_path, spawn, leaker_bin):
 
 def test_live_view_plain_lines_when_not_a_tty(tmp_path, spawn, leaker_bin):
     target = spawn([leaker_bin, "--leak-kib-per-s", str(LEAK_KIB_S)])
-    hunt = start_hunt("--pid", target.pid, "--duration", "12", "--interval", "0.5", "--out", tmp_path / "s",
-                      "--no-gdb", "--no-bpf", "--format", "json")
+    hunt = start_hunt(
+        "--pid",
+        target.pid,
+        "--duration",
+        "12",
+        "--interval",
+        "0.5",
+        "--out",
+        tmp_path / "s",
+        "--no-gdb",
+        "--no-bpf",
+        "--format",
+        "json",
+    )
     rc, _, stderr = stop_hunt(hunt)
     assert rc == 0, stderr
     lines = [ln for ln in stderr.splitlines() if "] live " in ln]
@@ -72,8 +113,18 @@ def test_live_view_plain_lines_when_not_a_tty(tmp_path, spawn, leaker_bin):
     assert f"pid {target.pid}" in lines[-1] and "\x1b[" not in stderr
     rate = float(lines[-1].split(" anon ")[1].split()[0])
     assert abs(rate - 120.0) < 30.0, lines[-1]
-    r = run_cli("hunt", "--pid", target.pid, "--duration", "1", "--out", tmp_path / "q", "--no-gdb", "--no-bpf",
-                "--no-live")
+    r = run_cli(
+        "hunt",
+        "--pid",
+        target.pid,
+        "--duration",
+        "1",
+        "--out",
+        tmp_path / "q",
+        "--no-gdb",
+        "--no-bpf",
+        "--no-live",
+    )
     assert r.returncode == 0 and "] live " not in r.stderr, r.stderr
 
 
@@ -81,9 +132,30 @@ def test_live_panel_on_a_terminal(tmp_path, spawn, leaker_bin):
     target = spawn([leaker_bin, "--leak-kib-per-s", str(LEAK_KIB_S)])
     master, slave = pty.openpty()
     env = {**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm"}
-    p = subprocess.Popen([*LEAKTRACE, "hunt", "--pid", str(target.pid), "--duration", "5", "--interval", "0.5",
-                          "--out", str(tmp_path / "s"), "--no-gdb", "--no-bpf", "--format", "json"],
-                         stdin=slave, stdout=slave, stderr=slave, cwd=str(REPO), env=env, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            *LEAKTRACE,
+            "hunt",
+            "--pid",
+            str(target.pid),
+            "--duration",
+            "5",
+            "--interval",
+            "0.5",
+            "--out",
+            str(tmp_path / "s"),
+            "--no-gdb",
+            "--no-bpf",
+            "--format",
+            "json",
+        ],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=str(REPO),
+        env=env,
+        start_new_session=True,
+    )
     os.close(slave)
     buf = b""
     deadline = time.monotonic() + 120

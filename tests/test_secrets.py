@@ -5,6 +5,7 @@ cell (Parquet pages are compressed, so the decoded values are searched too)."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ SECRETS = {
     "arg_url_pass": "UrlPass-Planted-6u6u",
     "arg_token": "tok-Planted-Flag-3t3t",
     "metrics_url_pass": "MetricsPass-Planted-5m5m",
+    "kv_config_password": "KvCfgPass-Planted-2k2k",
 }
 
 TARGET = """
@@ -36,9 +38,18 @@ time.sleep(600)
 
 
 def _target_argv() -> list[str]:
-    return [sys.executable, "-c", TARGET, "serve", "--api-key", SECRETS["arg_api_key"],
-            f"--password={SECRETS['arg_password']}", f"https://admin:{SECRETS['arg_url_pass']}@hub.example/x",
-            "--hf-token", SECRETS["arg_token"]]
+    return [
+        sys.executable,
+        "-c",
+        TARGET,
+        "serve",
+        "--api-key",
+        SECRETS["arg_api_key"],
+        f"--password={SECRETS['arg_password']}",
+        f"https://admin:{SECRETS['arg_url_pass']}@hub.example/x",
+        "--hf-token",
+        SECRETS["arg_token"],
+    ]
 
 
 def _target_env() -> dict[str, str]:
@@ -63,15 +74,35 @@ def _assert_clean(out: Path) -> None:
             assert v not in text, f"secret {name} found in table {table}"
 
 
-@pytest.mark.parametrize("metrics_url", [False, True], ids=["target-secrets", "plus-credentialed-metrics-url"])
+@pytest.mark.parametrize(
+    "metrics_url", [False, True], ids=["target-secrets", "plus-credentialed-metrics-url"]
+)
 def test_secrets_never_reach_the_session(tmp_path, spawn, metrics_url):
     """Default probes (BPF, gdb when available) on a target carrying secrets in its environment and
     command line; then also a hunt whose own command line carries a credentialed /metrics URL."""
     target = spawn(_target_argv(), env=_target_env())
     out = tmp_path / "s"
-    extra = ["--metrics", f"http://scraper:{SECRETS['metrics_url_pass']}@127.0.0.1:9/metrics"] if metrics_url else []
-    r = run_cli("hunt", "--pid", target.pid, "--duration", "3", "--interval", "0.5", "--smaps-every", "2",
-                *extra, "--out", out, "--format", "json,md,html")
+    extra = (
+        ["--metrics", f"http://scraper:{SECRETS['metrics_url_pass']}@127.0.0.1:9/metrics"]
+        if metrics_url
+        else []
+    )
+    r = run_cli(
+        "hunt",
+        "--pid",
+        target.pid,
+        "--duration",
+        "3",
+        "--interval",
+        "0.5",
+        "--smaps-every",
+        "2",
+        *extra,
+        "--out",
+        out,
+        "--format",
+        "json,md,html",
+    )
     assert r.returncode == 0, r.stderr
     for name, v in SECRETS.items():
         assert v not in r.stdout + r.stderr, f"secret {name} printed by hunt"
@@ -84,22 +115,26 @@ def test_secrets_never_reach_the_session(tmp_path, spawn, metrics_url):
 
 
 def test_secrets_with_vllm_discovery(tmp_path, spawn):
-    """--vllm reads configuration (environment, kv-transfer-config) of vLLM-looking processes: a fake
-    `vllm serve` carrying the same secrets must not leak them either."""
+    """--vllm reads configuration (environment, command line, kv-transfer-config) of vLLM processes: a
+    `vllm serve` look-alike (tests/targets/fake_vllm.py) carrying the same secrets must not leak them."""
     pytest.importorskip("leaktrace.discover")
-    argv = _target_argv()
-    argv[3] = "serve"
-    fake = [sys.executable, "-c", "import os, sys; os.execv(sys.argv[1], ['vllm', *sys.argv[2:]])",
-            sys.executable, "-c", TARGET, "serve", *argv[4:], "--port", "1"]
-    target = spawn(fake, env={**_target_env(), "UCX_TLS": "tcp", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"})
+    exe = tmp_path / "vllm"
+    shutil.copy(Path(__file__).parent / "targets" / "fake_vllm.py", exe)
+    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"password": SECRETS["kv_config_password"]}}
+    api = spawn([sys.executable, exe, "serve", "/models/tiny", "--host", "127.0.0.1", "--port", "18321",
+                 "--kv-transfer-config", json.dumps(kv), *_target_argv()[4:]],
+                env={**_target_env(), "UCX_TLS": "tcp", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"})
     r = run_cli("ps", "--json")
     assert r.returncode == 0, r.stderr
     for name, v in SECRETS.items():
         assert v not in r.stdout, f"secret {name} printed by ps --json"
-    if target.pid not in [p["pid"] for p in json.loads(r.stdout)]:
-        pytest.skip("discovery does not take the fake `vllm serve` for a vLLM server")
+    assert api.pid in [p["pid"] for p in json.loads(r.stdout)]
     out = tmp_path / "s"
     r = run_cli("hunt", "--vllm", "--duration", "3", "--interval", "0.5", "--no-gdb", "--out", out,
                 "--format", "json,md")
     assert r.returncode == 0, r.stderr
+    for name, v in SECRETS.items():
+        assert v not in r.stdout + r.stderr, f"secret {name} printed by hunt --vllm"
+    assert json.loads((out / "meta.json").read_text())["target"]["pids"]
     _assert_clean(out)

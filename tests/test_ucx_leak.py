@@ -122,3 +122,32 @@ def test_hunt_controls_are_clean(spawn, leak_bin, tmp_path, name) -> None:
     rep = _hunt(p.pid, tmp_path / name, seconds=16)  # a no-leak verdict needs >= 15 s observed
     assert not [c for c in rep["culprits"] if c["pid"] == p.pid], rep["culprits"]
     assert rep["verdict"] == "no-leak", rep
+
+
+def test_decode_jump_forms() -> None:
+    import struct
+
+    at = 0x7F0000001000
+    rel = struct.pack("<i", -0x1000)
+    assert ucx.decode_jump(b"\xe9" + rel + b"\x90" * 8, at) == at + 5 - 0x1000
+    far = b"\x49\xbb" + struct.pack("<Q", 0x7F00DEADBEEF) + b"\x41\xff\xe3"
+    assert ucx.decode_jump(far, at) == 0x7F00DEADBEEF
+    assert ucx.decode_jump(b"\xf3\x0f\x1e\xfa\x41\x89\xca", at) is None  # endbr64: an unpatched entry
+
+
+def test_elf_symbols_of_libc() -> None:
+    libc = next(m.path for m in procfs.read_maps(procfs.os.getpid()) if ucx.LIBC_RE.search(m.path or ""))
+    syms = ucx.elf_info(libc).symbols
+    assert {"mmap", "munmap", "__environ"} <= set(syms)
+
+
+def test_live_environ_of_self_sees_putenv() -> None:
+    import os
+
+    os.environ["UCX_LEAKTRACE_SELFTEST"] = "live-value"  # putenv: not in /proc/self/environ
+    try:
+        env = ucx.read_live_environ(os.getpid())
+        assert env is not None and env["UCX_LEAKTRACE_SELFTEST"] == "live-value"
+        assert "UCX_LEAKTRACE_SELFTEST" not in procfs.read_environ(os.getpid(), redact=False)
+    finally:
+        del os.environ["UCX_LEAKTRACE_SELFTEST"]

@@ -133,6 +133,7 @@ class BpfProbe:
         self._maps_refreshed: dict[int, float] = {}
         self.attach_s: float | None = None
         self.error: str | None = None
+        self.pidns_ino: int | None = None  # set when /proc's pids are not the kernel's (bpf/leaktrace.bpf.c)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, ctx: HuntContext) -> None:
@@ -140,7 +141,10 @@ class BpfProbe:
 
         self.ctx = ctx
         t0 = time.monotonic()
-        self.prog, choice = bccload.load_program(defines=self.defines)
+        # Inside a PID namespace the kernel's pids are not /proc's: the program then translates them.
+        ns = bccload.pid_namespace()
+        self.pidns_ino = None if ns is None or ns.is_init else ns.ino
+        self.prog, choice = bccload.load_program(defines={**self.defines, **(ns.defines() if ns else {})})
         self.header_kind = choice.kind
         self._lib = bccload.import_bcc().libbcc.lib
         try:
@@ -151,7 +155,8 @@ class BpfProbe:
         for pid in ctx.targets.live():
             self._add_target(pid)
         self.attach_s = time.monotonic() - t0
-        ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers, "
+        where = f", pids of PID namespace {self.pidns_ino}" if self.pidns_ino else ""
+        ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
                 f"attached in {self.attach_s:.2f}s")
         self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
         self._thread.start()
@@ -164,7 +169,11 @@ class BpfProbe:
         if pid in self._known:
             return
         self._known.add(pid)
-        self.prog[b"targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        if self.pidns_ino:
+            # The kernel learns the host pid at the process's next traced call (bpf/leaktrace.bpf.c).
+            self.prog[b"ns_targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        else:
+            self.prog[b"targets"][ct.c_uint32(pid)] = ct.c_uint32(0)
         self._seed(pid)
 
     def _seed(self, pid: int) -> None:

@@ -46,18 +46,29 @@ class _SnapshotCollector:
         snap = self.exporter.snapshot()
         g = GaugeMetricFamily
         yield g("leaktrace_hunt_elapsed_seconds", "Seconds since all probes attached.", value=snap["elapsed"])
-        yield g("leaktrace_hunt_remaining_seconds", "Seconds until the hunt's deadline.", value=snap["remaining"])
+        yield g(
+            "leaktrace_hunt_remaining_seconds", "Seconds until the hunt's deadline.", value=snap["remaining"]
+        )
         yield g("leaktrace_targets", "Processes of the target trees alive now.", value=len(snap["procs"]))
         metrics = {
-            "rss": g("leaktrace_process_rss_bytes", "Resident set size (smaps_rollup).",
-                     labels=["pid", "process"]),
-            "anon": g("leaktrace_process_anon_bytes", "Anonymous resident memory (smaps_rollup).",
-                      labels=["pid", "process"]),
-            "rss_per_s": g("leaktrace_process_rss_growth_bytes_per_second",
-                           "Robust (Theil-Sen) RSS slope over the last minute.", labels=["pid", "process"]),
-            "anon_per_s": g("leaktrace_process_anon_growth_bytes_per_second",
-                            "Robust (Theil-Sen) anonymous-memory slope over the last minute.",
-                            labels=["pid", "process"]),
+            "rss": g(
+                "leaktrace_process_rss_bytes", "Resident set size (smaps_rollup).", labels=["pid", "process"]
+            ),
+            "anon": g(
+                "leaktrace_process_anon_bytes",
+                "Anonymous resident memory (smaps_rollup).",
+                labels=["pid", "process"],
+            ),
+            "rss_per_s": g(
+                "leaktrace_process_rss_growth_bytes_per_second",
+                "Robust (Theil-Sen) RSS slope over the last minute.",
+                labels=["pid", "process"],
+            ),
+            "anon_per_s": g(
+                "leaktrace_process_anon_growth_bytes_per_second",
+                "Robust (Theil-Sen) anonymous-memory slope over the last minute.",
+                labels=["pid", "process"],
+            ),
         }
         for pid, r in snap["procs"].items():
             labels = [str(pid), snap["labels"].get(pid, "?")]
@@ -66,27 +77,43 @@ class _SnapshotCollector:
         yield from metrics.values()
         bpf = snap["bpf"]
         if bpf:
-            lib = g("leaktrace_ledger_outstanding_bytes",
-                    "Bytes mapped during the hunt and not unmapped, by the library that mapped them.",
-                    labels=["library"])
+            lib = g(
+                "leaktrace_ledger_outstanding_bytes",
+                "Bytes mapped during the hunt and not unmapped, by the library that mapped them.",
+                labels=["library"],
+            )
             for name, b in (bpf.get("outstanding_by_library") or {}).items():
                 lib.add_metric([str(name)], float(b))
             yield lib
             if bpf.get("outstanding_bytes") is not None:
-                yield g("leaktrace_ledger_outstanding_total_bytes", "Outstanding bytes in the eBPF ledger.",
-                        value=float(bpf["outstanding_bytes"]))
-            yield CounterMetricFamily("leaktrace_ledger_events", "Traced memory syscalls of the target set.",
-                                      value=float(bpf.get("events") or 0))
-            yield CounterMetricFamily("leaktrace_ledger_lost_events",
-                                      "Events the kernel could not hand over (ledger inexact by these).",
-                                      value=float(bpf.get("lost_events") or 0))
+                yield g(
+                    "leaktrace_ledger_outstanding_total_bytes",
+                    "Outstanding bytes in the eBPF ledger.",
+                    value=float(bpf["outstanding_bytes"]),
+                )
+            yield CounterMetricFamily(
+                "leaktrace_ledger_events",
+                "Traced memory syscalls of the target set.",
+                value=float(bpf.get("events") or 0),
+            )
+            yield CounterMetricFamily(
+                "leaktrace_ledger_lost_events",
+                "Events the kernel could not hand over (ledger inexact by these).",
+                value=float(bpf.get("lost_events") or 0),
+            )
         gdb = snap["gdb"]
         if gdb:
-            yield CounterMetricFamily("leaktrace_gdb_pause_seconds", "Time the gdb sampler kept targets stopped.",
-                                      value=float(gdb.get("paused_s") or 0.0))
-            yield CounterMetricFamily("leaktrace_gdb_samples", "Stacks sampled by gdb.",
-                                      value=float(gdb.get("samples") or 0))
-        yield CounterMetricFamily("leaktrace_warnings", "Warnings raised by the hunt.", value=snap["warnings"])
+            yield CounterMetricFamily(
+                "leaktrace_gdb_pause_seconds",
+                "Time the gdb sampler kept targets stopped.",
+                value=float(gdb.get("paused_s") or 0.0),
+            )
+            yield CounterMetricFamily(
+                "leaktrace_gdb_samples", "Stacks sampled by gdb.", value=float(gdb.get("samples") or 0)
+            )
+        yield CounterMetricFamily(
+            "leaktrace_warnings", "Warnings raised by the hunt.", value=snap["warnings"]
+        )
 
 
 class PrometheusExporter:
@@ -104,8 +131,15 @@ class PrometheusExporter:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._snap: dict[str, Any] = {"elapsed": 0.0, "remaining": self.duration, "procs": {}, "labels": {},
-                                      "bpf": {}, "gdb": {}, "warnings": 0}
+        self._snap: dict[str, Any] = {
+            "elapsed": 0.0,
+            "remaining": self.duration,
+            "procs": {},
+            "labels": {},
+            "bpf": {},
+            "gdb": {},
+            "warnings": 0,
+        }
         self.scrapes = 0
 
     def start(self, ctx: HuntContext) -> None:
@@ -117,8 +151,11 @@ class PrometheusExporter:
         try:
             self._server, self._thread = start_http_server(self.port, addr=self.addr, registry=self.registry)
         except (OSError, OverflowError) as e:  # OverflowError: a port outside 0-65535
-            why = "already in use" if getattr(e, "errno", None) == errno.EADDRINUSE else (
-                getattr(e, "strerror", None) or str(e))
+            why = (
+                "already in use"
+                if getattr(e, "errno", None) == errno.EADDRINUSE
+                else (getattr(e, "strerror", None) or str(e))
+            )
             raise PortUnavailable(f"cannot serve Prometheus metrics on {self.addr}:{self.port}: {why}") from e
         self.port = self._server.server_port  # port 0 asks the kernel for a free one
         ctx.session.update_meta(prometheus={"addr": self.addr, "port": self.port})
@@ -132,9 +169,15 @@ class PrometheusExporter:
         elapsed = now - float(ctx.session.meta.get("attach_s") or now)
         with ctx.targets.lock:
             labels = dict(ctx.targets.labels)
-        snap = {"elapsed": max(0.0, elapsed), "remaining": max(0.0, self.duration - elapsed),
-                "procs": self.rates.process_rates(), "labels": {int(k): str(v) for k, v in labels.items()},
-                "bpf": self.rates.bpf, "gdb": self.rates.gdb, "warnings": len(ctx.warnings)}
+        snap = {
+            "elapsed": max(0.0, elapsed),
+            "remaining": max(0.0, self.duration - elapsed),
+            "procs": self.rates.process_rates(),
+            "labels": {int(k): str(v) for k, v in labels.items()},
+            "bpf": self.rates.bpf,
+            "gdb": self.rates.gdb,
+            "warnings": len(ctx.warnings),
+        }
         with self._lock:
             self._snap = snap
 

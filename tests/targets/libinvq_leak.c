@@ -14,6 +14,7 @@
  *    for the per-request buffer churn of a busy GPU decode worker.
  *
  * LEAKTRACE_TESTLEAK_ENTRY: bytes per queued entry (default 148, as measured for UCX 1.20).
+ * LEAKTRACE_TESTLEAK_QUEUE=0: churn only, no queue of our own (then only UCX's hooks see the munmaps).
  * Every other process of the instance (API server, EngineCore, resource tracker) is left alone: the
  * watcher thread there gives up after LEAKTRACE_TESTLEAK_WAIT seconds (default 300) without a match.
  */
@@ -32,6 +33,7 @@
 
 static int (*next_munmap)(void *, size_t);
 static volatile int active;
+static int own_queue = 1;
 static size_t entry_bytes = 148;
 static pthread_mutex_t queue_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *chunk;
@@ -73,7 +75,7 @@ int munmap(void *addr, size_t len)
     if (!next_munmap)
         next_munmap = (int (*)(void *, size_t))dlsym(RTLD_NEXT, "munmap");
     int rc = next_munmap(addr, len);
-    if (rc == 0 && active)
+    if (rc == 0 && active && own_queue)
         invq_push(addr, len);
     return rc;
 }
@@ -136,6 +138,9 @@ static void *churn(void *arg)
 
 __attribute__((constructor)) static void invq_init(void)
 {
+    const char *q = getenv("LEAKTRACE_TESTLEAK_QUEUE");
+    if (q && q[0] == '0')
+        own_queue = 0;
     const char *e = getenv("LEAKTRACE_TESTLEAK_ENTRY");
     if (e && atol(e) > 0)
         entry_bytes = (size_t)atol(e);
