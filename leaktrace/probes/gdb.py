@@ -422,17 +422,24 @@ class GdbAttach:
                 pass
         c.gdb_process = None
 
-    def _ensure_running(self) -> None:
-        state = proc_state(self.pid)
-        tracer = tracer_of(self.pid) if state else None
-        if state == "T" and not tracer and self.state_before not in ("T", "t"):
-            try:
-                os.kill(self.pid, signal.SIGCONT)
-                self.run.sigcont = True
-            except OSError:
-                pass
+    def _ensure_running(self, watch_s: float = 0.3) -> None:
+        """A SIGSTOP gdb queued (attach, interrupt, detach in non-stop mode) can be delivered just after
+        the detach and leave the whole process group-stopped with no tracer to resume it (seen when
+        gdb quits right after an attach). Watch briefly, and resume what we stopped."""
+        deadline = time.monotonic() + watch_s
+        while True:
             state = proc_state(self.pid)
             tracer = tracer_of(self.pid) if state else None
+            if state == "T" and not tracer and self.state_before not in ("T", "t"):
+                try:
+                    os.kill(self.pid, signal.SIGCONT)
+                    self.run.sigcont = True
+                except OSError:
+                    pass
+                continue
+            if state is None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
         self.run.state_after = state
         self.run.tracer_after = tracer
 
