@@ -142,10 +142,12 @@ static __always_inline void emit(struct lt_event *ev)
         *sent += 1;
 }
 
-/* The caller as user space numbers it. */
+/* The caller as user space numbers it, and as the kernel does. */
 struct lt_ids {
     u32 tgid;
     u32 tid;
+    u32 host_tgid;
+    u32 host_tid;
 };
 
 /* Is the current task traced? Fills `ids` (user-space numbering) when it is. */
@@ -153,6 +155,8 @@ static __always_inline int current_ids(struct lt_ids *ids)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
+    ids->host_tgid = tgid;
+    ids->host_tid = (u32)id;
 #ifndef LT_PIDNS_INO
     if (!targets.lookup(&tgid))
         return 0;
@@ -194,7 +198,6 @@ static __always_inline int current_ids(struct lt_ids *ids)
 static __always_inline void remember(void *ctx, struct lt_ids *ids, u64 addr, u64 len, u64 new_len,
                                      u64 new_addr, u64 flags, u64 prot, u64 fd)
 {
-    u32 host_tid = (u32)bpf_get_current_pid_tgid();
     struct lt_pending p = {};
     p.tgid = ids->tgid;
     p.tid = ids->tid;
@@ -208,7 +211,7 @@ static __always_inline void remember(void *ctx, struct lt_ids *ids, u64 addr, u6
     read_site(&p.site, &p.ip);
     p.stack_id = site_stack(ctx, ids->tgid, p.site);
     p.t_enter = bpf_ktime_get_ns();
-    pending.update(&host_tid, &p);
+    pending.update(&ids->host_tid, &p);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
@@ -477,11 +480,10 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
     struct lt_ids ids;
     if (!current_ids(&ids))
         return 0;
+    u32 tgid = ids.host_tgid, tid = ids.host_tid;
     pending.delete(&tid);
     if (tid != tgid)
         targets.delete(&tid);

@@ -141,7 +141,11 @@ def test_hunt_ctrl_c_detaches_and_session_joins_stacks(spawn, gdb_target_bin, tm
         assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"
         # While attached the code check sees gdb's one breakpoint (so it would see one left behind).
         assert wait_for(lambda: any("ld-linux" in path for path, _ in patched_code(target.pid)), timeout=10)
-        time.sleep(0.5)
+
+        def samples_so_far() -> int:  # gdb's own JSON lines, in the session while it samples
+            return sum(p.read_text().count('"type":"sample"') for p in (tmp_path / "s").glob("gdb/*/samples-*"))
+
+        assert wait_for(lambda: samples_so_far() >= 4, timeout=20)
         hunt.send_signal(signal.SIGINT)
         out, err = hunt.communicate(timeout=60)
     finally:
@@ -296,3 +300,18 @@ def test_real_ucx_pool_growth_stack_through_the_hooks(spawn):
     assert region_of(target.pid, hits[0]["addr"]) is not None  # the chunk is never returned
     assert run.state_after not in ("T", "t") and run.tracer_after == 0
     assert patched_code(target.pid) == ucx_patches  # nothing of gdb's left
+
+
+def test_seed002_manual_script(spawn, gdb_target_bin):
+    """The documented manual recipe finds the raw syscall(SYS_mmap) caller and leaves the target intact."""
+    from leaktrace.probes.gdb import SEED002_SCRIPT, find_gdb
+
+    target = spawn([gdb_target_bin, "--threads", "2", "--per-thread-per-s", "20"])
+    res = subprocess.run([find_gdb(), "-nx", "-batch", "-p", str(target.pid), "-x", str(SEED002_SCRIPT)],
+                         capture_output=True, text=True, timeout=120)
+    assert "=== seed002 done: 20 hits" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    returned = [ln for ln in res.stdout.splitlines() if ln.startswith("=== seed002 mmap returned 0x")]
+    assert returned and region_of(target.pid, int(returned[0].split()[-1], 16)) is not None
+    bt = res.stdout.split(returned[0], 1)[1]
+    assert bt.index(LEAK_LIB) < bt.index("gdbhook_event_dispatch")  # the stripped library, then the hook
+    assert_running_untraced(target.pid)

@@ -436,10 +436,12 @@ class GdbAttach:
                     self.run.sigcont = True
                 except OSError:
                     pass
-                continue
             if state is None or time.monotonic() >= deadline:
                 break
             time.sleep(0.02)
+        if self.run.sigcont:
+            state = proc_state(self.pid)
+            tracer = tracer_of(self.pid) if state else None
         self.run.state_after = state
         self.run.tracer_after = tracer
 
