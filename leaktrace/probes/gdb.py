@@ -175,7 +175,7 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
     gdb = find_gdb()
     checks.append({"name": "gdb", "ok": gdb is not None, "detail": gdb or "gdb not found on PATH",
-                   "fix": "" if gdb else "apt-get install gdb (or pass --no-gdb to hunt)"})
+                   "fix": "" if gdb else "apt-get install gdb"})
     if gdb:
         try:
             out = subprocess.run([gdb, "-nx", "-batch", "-ex", "show version", "-ex",
@@ -206,7 +206,7 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
         ok, detail = True, f"kernel.yama.ptrace_scope={scope}" + (" (privileged)" if privileged else "")
     checks.append({"name": "ptrace", "ok": ok, "detail": detail,
                    "fix": "" if ok else "run as root / with CAP_SYS_PTRACE, or sysctl kernel.yama.ptrace_scope=1 "
-                                        "(3 needs a reboot); or pass --no-gdb"})
+                                        "(3 needs a reboot)"})
     return checks
 
 
@@ -214,24 +214,24 @@ def preflight(pids: list[int]) -> None:
     """Raise GdbUnavailable with one line when gdb cannot sample these processes."""
     if platform.machine() != "x86_64":
         raise GdbUnavailable(f"gdb sampler supports x86-64 only (this is {platform.machine()})",
-                             "pass --gdb-samples 0")
+                             "pass --gdb-samples 0 or --no-gdb")
     for check in gdb_doctor_checks():
         if not check["ok"]:
             raise GdbUnavailable(f"gdb sampler unavailable: {check['detail']}",
-                                 f"{check['fix']}; or pass --gdb-samples 0")
+                                 f"{check['fix']}; or pass --gdb-samples 0 or --no-gdb")
     privileged = os.geteuid() == 0 or has_cap_sys_ptrace()
     for pid in pids:
         tracer = tracer_of(pid)
         if tracer:
             raise GdbUnavailable(f"ptrace not permitted: pid {pid} is already traced by pid {tracer}",
-                                 "detach the other debugger/tracer, or pass --gdb-samples 0")
+                                 "detach the other debugger/tracer, or pass --gdb-samples 0 or --no-gdb")
         try:
             uid = os.stat(f"/proc/{pid}").st_uid
         except OSError:
             continue
         if not privileged and uid != os.geteuid():
             raise GdbUnavailable(f"ptrace not permitted: pid {pid} belongs to uid {uid}",
-                                 "run as root or with CAP_SYS_PTRACE, or pass --gdb-samples 0")
+                                 "run as root or with CAP_SYS_PTRACE, or pass --gdb-samples 0 or --no-gdb")
 
 
 # ----------------------------------------------------------------------------- one attach
@@ -306,7 +306,7 @@ class GdbAttach:
             if "not permitted" in error or "already traced" in error:
                 raise GdbUnavailable(f"ptrace not permitted on pid {self.pid}: {_one_line(error)}")
             raise GdbUnavailable(f"gdb could not attach to pid {self.pid}: {_one_line(error)}",
-                                 "see `leaktrace doctor`, or pass --gdb-samples 0")
+                                 "see `leaktrace doctor`, or pass --gdb-samples 0 or --no-gdb")
 
     def _mi(self, command: str, timeout: float) -> str | None:
         """Send one MI command and wait for its result record; returns the error message, if any.
