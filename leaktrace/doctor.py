@@ -146,10 +146,14 @@ def _extra_checks(module: str, func: str) -> list[Check]:
 
 
 def run_checks() -> list[Check]:
-    checks = [check_privileges(), check_bpf_syscall(), check_tracepoints(), check_btf(), check_kernel_headers(),
-              check_gdb(), check_ptrace()]
-    checks += _extra_checks("leaktrace.bccload", "bpf_doctor_checks")
-    checks += _extra_checks("leaktrace.probes.gdb", "gdb_doctor_checks")
+    # check_tracepoints first: as root it mounts tracefs where a fresh machine has none.
+    checks = [check_privileges(), check_tracepoints()]
+    # The eBPF layer's own checks (bcc module, libbcc, bpf(), tracepoints, pid namespace, BTF, headers or
+    # the bundled stub); the generic ones when that layer is absent from this build.
+    checks += _extra_checks("leaktrace.bccload", "bpf_doctor_checks") or [
+        check_bpf_syscall(), check_btf(), check_kernel_headers()]
+    # The gdb sampler's own checks (gdb, version, Python support, ptrace); the generic ones otherwise.
+    checks += _extra_checks("leaktrace.probes.gdb", "gdb_doctor_checks") or [check_gdb(), check_ptrace()]
     return checks
 
 

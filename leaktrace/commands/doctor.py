@@ -22,7 +22,7 @@ def doctor(as_json: bool) -> None:
     else:
         for c in checks:
             mark = click.style("ok ", fg="green") if c.ok else click.style("FAIL" if c.required else "warn", fg="red")
-            click.echo(f"{mark:>4}  {c.name:<22} {c.detail}")
+            click.echo(f"{mark:>4}  {c.name:<28} {c.detail}")
             if not c.ok and c.fix:
                 click.echo(f"      fix: {c.fix}")
         click.echo("ready to trace" if ok else "not ready: see the fixes above")

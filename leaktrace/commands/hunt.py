@@ -33,6 +33,10 @@ def make_logger(quiet: bool):
               help="Session directory to write (default: ./leaktrace-DATE-TIME).")
 @click.option("--gdb-samples", type=int, default=None,
               help="gdb stack samples per process (0 disables; default: a few, only when growth is seen).")
+@click.option("--gdb-seconds", type=float, default=None,
+              help="Longest gdb sampling window per process (default 10 s).")
+@click.option("--gdb-pause-pct", type=float, default=None,
+              help="Most of the target's time gdb may keep it stopped, in percent (default 1).")
 @click.option("--metrics", "metrics_urls", multiple=True, help="vLLM /metrics URL to scrape (repeatable).")
 @click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
@@ -44,7 +48,7 @@ def make_logger(quiet: bool):
 @click.option("--format", "formats", default="json,md,html", show_default=True, help="Report formats.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, smaps_every: int, out: str | None,
-         gdb_samples: int | None, metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool,
+         gdb_samples: int | None, gdb_seconds: float | None, gdb_pause_pct: float | None, metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool,
          prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: str,
          quiet: bool) -> None:
     """Hunt a native-memory leak in live process trees.
@@ -69,6 +73,14 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
                           bpf=not no_bpf, gdb=not no_gdb, gdb_samples=gdb_samples, vllm=vllm,
                           metrics_urls=list(metrics_urls), pyheap=pyheap, prometheus_port=prometheus_port,
                           live=live, extra={"prometheus_addr": prometheus_addr})
+    if gdb_seconds is not None:
+        options.extra["gdb_seconds"] = gdb_seconds
+    if gdb_pause_pct is not None:
+        if not 0 < gdb_pause_pct <= 100:
+            raise UsageError("--gdb-pause-pct must be in (0, 100]")
+        # A larger pause share needs a matching stop rate, or the stops/s limit ends sampling first.
+        options.extra["gdb_budget"] = {"pause_fraction": gdb_pause_pct / 100.0,
+                                       "max_stops_per_s": max(200.0, 200.0 * gdb_pause_pct)}
     roots = list(pids)
     if vllm:
         from leaktrace.discover import vllm_targets
