@@ -124,9 +124,10 @@ def serve_settings(argv: list[str]) -> dict[str, Any]:
     kv: Any = None
     if kv_raw:
         try:
-            kv = json.loads(kv_raw)
+            # Secrets inside the config (kv_connector_extra_config passwords, tokens) never leave here.
+            kv = json.loads(procfs.redact_json_text(kv_raw))
         except json.JSONDecodeError:
-            kv = {"unparsed": kv_raw}
+            kv = {"unparsed": procfs.redact_json_text(kv_raw)}
     return {"model": model, "host": _opt(argv, "--host"), "port": int(port) if port and port.isdigit() else 8000,
             "port_source": "cmdline --port" if port else "vLLM default (8000)",
             "kv_transfer_config": kv, "data_parallel_size": _opt(argv, "--data-parallel-size", "-dp"),

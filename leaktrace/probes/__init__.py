@@ -14,6 +14,9 @@ from typing import Any, Protocol
 from leaktrace.session import SessionWriter
 
 
+MAX_WARNINGS = 200
+
+
 @dataclass
 class TargetSet:
     """The live process set being hunted. Roots are what the user named; the watcher adds descendants
@@ -61,8 +64,13 @@ class HuntContext:
     live: dict[str, Any] = field(default_factory=dict)
 
     def warn(self, msg: str) -> None:
-        self.warnings.append(msg)
-        self.log(f"warning: {msg}")
+        # Bounded: a probe that warns every tick of a day-long hunt must not grow leaktrace itself.
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(msg)
+            self.log(f"warning: {msg}")
+        elif len(self.warnings) == MAX_WARNINGS:
+            self.warnings.append(f"more warnings suppressed after {MAX_WARNINGS}")
+            self.log(f"warning: more warnings suppressed after {MAX_WARNINGS}")
 
 
 class Probe(Protocol):

@@ -427,8 +427,12 @@ class BpfProbe:
         self.ctx.session.append("bpf_counters", {"t": t, **self._counters, "ring_pending": len(self._queue),
                                                  "kernel_regions": len(self._seen_kernel),
                                                  "header_kind": self.header_kind})
+        by_library: dict[str, int] = defaultdict(int)
+        for r in rows:
+            by_library[r["library"]] += r["outstanding_bytes"]
         self.ctx.live["bpf"] = {"outstanding_bytes": total, "events": self._counters["syscalls"],
-                                "lost_events": self._counters["lost_events"]}
+                                "lost_events": self._counters["lost_events"],
+                                "outstanding_by_library": dict(by_library)}
 
     def ledger_totals(self) -> int:
         live = self.ctx.live.get("bpf", {}) if self.ctx else {}

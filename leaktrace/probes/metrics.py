@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from leaktrace.errors import MetricsUnreachable
 from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.procfs import redact_url
 
 Sample = tuple[str, dict[str, str], float]
 
@@ -116,7 +117,7 @@ class MetricsProbe:
         if not self.urls:
             ctx.warn("metrics: no /metrics URL to scrape (none given and no vLLM API server found)")
             return
-        ctx.session.update_meta(metrics_urls=dict(self.urls))
+        ctx.session.update_meta(metrics_urls={redact_url(u): i for u, i in self.urls.items()})
         self._scrape_all()  # the first scrape before the hunt's clock starts counting load
         self._thread = threading.Thread(target=self._loop, name="metrics-scrape", daemon=True)
         self._thread.start()
@@ -128,6 +129,8 @@ class MetricsProbe:
     def _scrape_all(self) -> None:
         assert self.ctx is not None
         for url, inst in self.urls.items():
+            # Credentials in a --metrics URL are used to scrape, never written or shown.
+            shown = redact_url(url)
             t = self.ctx.session.now()
             try:
                 text = scrape(url, timeout=max(2.0, 3 * self.options.interval))
@@ -136,28 +139,28 @@ class MetricsProbe:
                 self.failed[url] = self.failed.get(url, 0) + 1
                 if url not in self.down:
                     self.down.add(url)
-                    self.ctx.warn(f"metrics: {e.message}; the hunt goes on without it")
-                self.ctx.session.append("metrics_summary", {"t": t, "url": url, "instance": inst, "ok": False})
+                    self.ctx.warn(f"metrics: {redact_url(e.message)}; the hunt goes on without it")
+                self.ctx.session.append("metrics_summary", {"t": t, "url": shown, "instance": inst, "ok": False})
                 continue
-            except ValueError as e:  # not Prometheus text
+            except ValueError:  # not Prometheus text
                 self.failed[url] = self.failed.get(url, 0) + 1
                 if url not in self.down:
                     self.down.add(url)
-                    self.ctx.warn(f"metrics: {url} did not serve Prometheus text ({e}); the hunt goes on")
+                    self.ctx.warn(f"metrics: {shown} did not serve Prometheus text; the hunt goes on")
                 continue
             if url in self.down:
                 self.down.discard(url)
-                self.ctx.log(f"metrics: {url} reachable again")
+                self.ctx.log(f"metrics: {shown} reachable again")
             self.ok[url] = self.ok.get(url, 0) + 1
             summary = summarize(samples)
             self.first.setdefault(url, summary)
             self.last[url] = summary
-            self.ctx.session.append("metrics_summary", {"t": t, "url": url, "instance": inst, "ok": True, **summary})
+            self.ctx.session.append("metrics_summary", {"t": t, "url": shown, "instance": inst, "ok": True, **summary})
             self.ctx.session.append("metrics", [
-                {"t": t, "url": url, "instance": inst, "name": n,
+                {"t": t, "url": shown, "instance": inst, "name": n,
                  "labels": json.dumps(lb, sort_keys=True), "value": v}
                 for n, lb, v in samples if _keep(n)])
-            self.ctx.live["metrics"] = {u: s.get("requests") for u, s in self.last.items()}
+            self.ctx.live["metrics"] = {redact_url(u): s.get("requests") for u, s in self.last.items()}
 
     def tick(self, now: float) -> None:
         pass  # the scrape thread keeps its own cadence
@@ -169,7 +172,7 @@ class MetricsProbe:
             self._scrape_all()  # the final counters, so the load covers the whole hunt
 
     def summary(self) -> dict[str, Any]:
-        return {"urls": {u: {"instance": i, "ok": self.ok.get(u, 0), "failed": self.failed.get(u, 0),
+        return {"urls": {redact_url(u): {"instance": i, "ok": self.ok.get(u, 0), "failed": self.failed.get(u, 0),
                              "delta": {k: self.last[u][k] - self.first[u][k]
                                        for k in ("requests", "generation_tokens", "nixl_transfers")}
                              if u in self.last else None}
