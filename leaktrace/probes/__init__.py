@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 from leaktrace.session import SessionWriter
 
-
 MAX_WARNINGS = 200
 
 
