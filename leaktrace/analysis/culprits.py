@@ -505,7 +505,10 @@ def _add_gdb_stacks(reader: Any, cands: list[Candidate], warnings: list[str]) ->
             warnings.append(f"gdb join failed: {e.__class__.__name__}: {e}")
             return
         if frames:
-            if len(frames) > len(c.stack):
+            # gdb unwinds with DWARF: through the same call site its stack beats the frame-pointer walk,
+            # whose tail past a function built without frame pointers is noise ("?@0x…").
+            known = [f for f in c.stack if not f.startswith("?@")]
+            if len(frames) >= len(known):
                 c.extra["ledger_stack"] = c.stack
                 c.stack = frames
             c.evidence.append("gdb sampled this call path at the mmap syscall: " + " ← ".join(frames[:6]))
