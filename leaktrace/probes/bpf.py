@@ -24,13 +24,18 @@ Session tables written (``t`` = seconds since hunt start, as every table):
 
 from __future__ import annotations
 
+import bisect
 import ctypes as ct
 import math
 import os
 import threading
 import time
+from array import array
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
@@ -94,6 +99,28 @@ def _start_brk(pid: int) -> int | None:
         return None
 
 
+class KernelRegions:
+    """The kernel-owned regions of one process, sorted by start, column-wise in machine-word arrays
+    (``oids`` index the probe's interned kernel origins; ``maxend[i]`` = max(ends[:i + 1]), for bisecting
+    the first region that can overlap an address even if stale entries overlap)."""
+
+    __slots__ = ("starts", "ends", "seqs", "oids", "maxend")
+
+    def __init__(self, starts: array, ends: array, seqs: array, oids: array, maxend: array) -> None:
+        self.starts, self.ends, self.seqs, self.oids, self.maxend = starts, ends, seqs, oids, maxend
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def first_from(self, a: int) -> int:
+        """Index of the first region whose end may lie above ``a``."""
+        return bisect.bisect_right(self.maxend, a)
+
+    def seen(self, start: int, seq: int) -> bool:
+        i = bisect.bisect_left(self.starts, start)
+        return i < len(self.starts) and self.starts[i] == start and self.seqs[i] == seq
+
+
 def _is_process(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -127,7 +154,12 @@ class BpfProbe:
         self._thread: threading.Thread | None = None
         self._site_lib: dict[tuple[int, int, int, int], str] = {}
         self._stacks: dict[tuple[int, int], int] = {}  # (pid, site) -> stack_id
-        self._seen_kernel: set[tuple[int, int, int]] = set()
+        # Kernel regions at the last snapshot, per tgid (only starts and seqs are kept: 16 bytes a region).
+        self._seen_kernel: dict[int, KernelRegions] = {}
+        self._kernel_count = 0
+        # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
+        self._korigin_ids: dict[tuple[bool, int, int, int], int] = {}
+        self._korigins: list[Origin] = []
         self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._lib = None
         self._maps_refreshed: dict[int, float] = {}
@@ -231,19 +263,60 @@ class BpfProbe:
     def _on_event(self, _ctx: Any, data: Any, size: int) -> None:
         self._queue.append(Event.from_buffer_copy(ct.string_at(data, ct.sizeof(Event))))
 
-    def _kernel_regions(self) -> dict[int, list[tuple[int, int, int, Region]]]:
-        """Kernel-owned regions per tgid: sorted (start, end, seq, value)."""
-        out: dict[int, list[tuple[int, int, int, Region]]] = defaultdict(list)
+    def _scan_kernel(self) -> dict[int, KernelRegions]:
+        """Kernel-owned regions per tgid, read straight into arrays (no object kept per region)."""
+        cols = [array("Q") for _ in range(4)]  # tgid, start, end, seq
+        oids = array("I")
+        ids, origins = self._korigin_ids, self._korigins
+
+        def fill(items: Any, cols: list[array], oids: array) -> None:
+            tg, st, en, sq = cols
+            for k, v in items:
+                key = ((v.fd & 0xFFFFFFFF) == ANON_FD, v.site, v.ip, v.stack_id)
+                oid = ids.get(key)
+                if oid is None:
+                    oid = ids[key] = len(origins)
+                    origins.append(Origin("anon" if key[0] else "file", site=v.site, ip=v.ip, stack_id=v.stack_id))
+                tg.append(k.tgid)
+                st.append(k.start)
+                en.append(k.start + v.len)
+                sq.append(v.seq)
+                oids.append(oid)
+
         table = self.prog[b"regions"]
         try:
-            items = list(table.items_lookup_batch())
+            fill(table.items_lookup_batch(), cols, oids)
         except Exception:  # noqa: BLE001 - batch ops missing (old kernels): slower walk
-            items = list(table.items())
-        for k, v in items:
-            out[k.tgid].append((k.start, k.start + v.len, v.seq, v))
-        for lst in out.values():
-            lst.sort(key=lambda r: r[0])
+            for c in (*cols, oids):
+                del c[:]
+            fill(table.items(), cols, oids)
+        out: dict[int, KernelRegions] = {}
+        if not oids:
+            return out
+        tg, st, en, sq = (np.frombuffer(c, dtype=np.uint64) for c in cols)
+        oi = np.frombuffer(oids, dtype=np.uint32)
+        order = np.lexsort((st, tg))
+        tg, st, en, sq, oi = tg[order], st[order], en[order], sq[order], oi[order]
+        del cols, oids, order
+        bounds = np.flatnonzero(np.diff(tg)) + 1
+        for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(tg)])), strict=True):
+            ends = en[lo:hi]
+            out[int(tg[lo])] = KernelRegions(array("Q", st[lo:hi].tobytes()), array("Q", ends.tobytes()),
+                                             array("Q", sq[lo:hi].tobytes()), array("I", oi[lo:hi].tobytes()),
+                                             array("Q", np.maximum.accumulate(ends).tobytes()))
         return out
+
+    def _kernel_regions(self) -> dict[int, list[tuple[int, int, int, Origin]]]:
+        """Kernel-owned regions per tgid: sorted (start, end, seq, origin) (for tests and debugging)."""
+        out: dict[int, list[tuple[int, int, int, Origin]]] = {}
+        for tgid, kr in self._scan_kernel().items():
+            out[tgid] = [(a, b, q, self._kernel_origin(k, q))
+                         for a, b, q, k in zip(kr.starts, kr.ends, kr.seqs, kr.oids, strict=True)]
+        return out
+
+    def _kernel_origin(self, oid: int, seq: int) -> Origin:
+        o = self._korigins[oid]
+        return Origin(o.kind, t_born=seq, site=o.site, ip=o.ip, stack_id=o.stack_id)
 
     def _take(self, tgid: int, start: int) -> Region | None:
         """Atomically remove one kernel region (BPF_MAP_LOOKUP_AND_DELETE_ELEM)."""
@@ -261,10 +334,15 @@ class BpfProbe:
             kind = "anon" if (v.fd & 0xFFFFFFFF) == ANON_FD else "file"
         return Origin(kind, t_born=v.seq, site=v.site, ip=v.ip, stack_id=v.stack_id, tid=v.tid)
 
-    def _absorb(self, kmap: dict[int, list[tuple[int, int, int, Region]]], tgid: int, a: int, b: int,
+    def _absorb(self, kmap: dict[int, KernelRegions], tgid: int, a: int, b: int,
                 seq: int, taken: set[tuple[int, int]]) -> None:
         """Move kernel regions of ``tgid`` overlapping [a, b) and born before ``seq`` into the ledger."""
-        for start, end, rseq, _v in kmap.get(tgid, ()):
+        kr = kmap.get(tgid)
+        if kr is None:
+            return
+        starts, ends, seqs = kr.starts, kr.ends, kr.seqs
+        for i in range(kr.first_from(a), len(starts)):
+            start, end, rseq = starts[i], ends[i], seqs[i]
             if start >= b:
                 break
             if end <= a or rseq >= seq or (tgid, start) in taken:
@@ -279,9 +357,12 @@ class BpfProbe:
             taken.add((tgid, start))
             self.ledger.mmap(tgid, start, val.len, self._origin_of(val))
 
-    def _drop_kernel(self, kmap: dict[int, list[tuple[int, int, int, Region]]], tgid: int, seq: int,
+    def _drop_kernel(self, kmap: dict[int, KernelRegions], tgid: int, seq: int,
                      taken: set[tuple[int, int]]) -> None:
-        for start, _end, rseq, _v in kmap.get(tgid, ()):
+        kr = kmap.get(tgid)
+        if kr is None:
+            return
+        for start, rseq in zip(kr.starts, kr.seqs, strict=True):
             if rseq < seq and (tgid, start) not in taken:
                 val = self._take(tgid, start)
                 taken.add((tgid, start))
@@ -296,7 +377,7 @@ class BpfProbe:
             return
         batch, self._queue = self._queue, []
         needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_EXEC, EV_EXIT) for e in batch)
-        kmap = self._kernel_regions() if needs_kernel else {}
+        kmap = self._scan_kernel() if needs_kernel else {}
         taken: set[tuple[int, int]] = set()
         rows = []
         for e in batch:
@@ -387,26 +468,35 @@ class BpfProbe:
         for i, name in enumerate(COUNTERS):
             self._counters[name] = int(sum(table[ct.c_int(i)]))
 
-    def _outstanding(self) -> list[tuple[int, int, int, str, Origin, bool]]:
-        """Every outstanding region, both halves: (pid, start, end, kind, origin, kernel_owned)."""
-        kmap = self._kernel_regions()
-        out = []
-        seen = set()
-        for tgid, regs in kmap.items():
-            sp = self.ledger.space(tgid)
-            for start, end, seq, v in regs:
-                seen.add((tgid, start, seq))
-                if (tgid, start, seq) not in self._seen_kernel:
+    def _outstanding(self) -> Iterator[tuple[int, int, int, Origin, int, bool]]:
+        """Every outstanding region, both halves: (pid, start, end, origin, t_born, kernel_owned). The origin
+        is the interned one of the call site (its own t_born is 0): the region's birth is ``t_born``."""
+        kmap = self._scan_kernel()
+        prev = self._seen_kernel
+        for tgid, kr in kmap.items():
+            sp = self.ledger.spaces.get(tgid)
+            if sp is None or not len(sp):
+                continue
+            was = prev.get(tgid)
+            for start, end, seq in zip(kr.starts, kr.ends, kr.seqs, strict=True):
+                if was is None or not was.seen(start, seq):
                     # A region the kernel saw born after whatever the ledger holds there (a seed taken
                     # after attach, or a stale piece): the kernel's is the truth.
                     sp.remove(start, end)
-                o = self._origin_of(v)
-                out.append((tgid, start, end, o.kind, o, True))
-        self._seen_kernel = seen
-        for pid, sp in self.ledger.spaces.items():
-            for iv in sp:
-                out.append((pid, iv.start, iv.end, iv.origin.kind, iv.origin, False))
-        return out
+        # Keep only what the next snapshot compares with.
+        self._seen_kernel = {t: KernelRegions(kr.starts, array("Q"), kr.seqs, array("I"), array("Q"))
+                             for t, kr in kmap.items()}
+        self._kernel_count = sum(len(kr) for kr in kmap.values())
+        return self._outstanding_rows(kmap)
+
+    def _outstanding_rows(self, kmap: dict[int, KernelRegions]) -> Iterator[tuple[int, int, int, Origin, int, bool]]:
+        korigins = self._korigins
+        for tgid, kr in kmap.items():
+            for start, end, seq, oid in zip(kr.starts, kr.ends, kr.seqs, kr.oids, strict=True):
+                yield tgid, start, end, korigins[oid], seq, True
+        for pid, sp in list(self.ledger.spaces.items()):
+            for start, end, o, t_born in sp.rows():
+                yield pid, start, end, o, t_born, False
 
     def _snapshot(self) -> None:
         if self.prog is None or self.ctx is None:
@@ -414,10 +504,10 @@ class BpfProbe:
         self._read_counters()
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for pid, start, end, kind, o, _k in self._outstanding():
+        for pid, start, end, o, _t, _k in self._outstanding():
             if o.preexisting:
                 continue
-            g = groups[(pid, self._library(pid, o), kind)]
+            g = groups[(pid, self._library(pid, o), o.kind)]
             g[0] += end - start
             g[1] += 1
         rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
@@ -425,7 +515,7 @@ class BpfProbe:
         self.ctx.session.append("ledger_snapshots", rows)
         total = sum(r["outstanding_bytes"] for r in rows)
         self.ctx.session.append("bpf_counters", {"t": t, **self._counters, "ring_pending": len(self._queue),
-                                                 "kernel_regions": len(self._seen_kernel),
+                                                 "kernel_regions": self._kernel_count,
                                                  "header_kind": self.header_kind})
         by_library: dict[str, int] = defaultdict(int)
         for r in rows:
@@ -461,15 +551,19 @@ class BpfProbe:
         t0 = self.ctx.session.meta["t0_monotonic"]
         region_rows = []
         stack_origin: dict[tuple[int, int], Origin] = {}
-        for pid, start, end, kind, o, _k in self._outstanding():
+        for pid, start, end, o, t_born, _k in self._outstanding():
             lib = self._library(pid, o)
             key = f"{pid}:{o.site:#x}" if not o.preexisting else ""
             if not o.preexisting:
                 stack_origin.setdefault((pid, o.site), o)
             region_rows.append({"pid": pid, "start": start, "end": end, "size": end - start, "library": lib,
-                                "kind": kind, "stack_key": key, "preexisting": o.preexisting,
-                                "t_born": math.nan if o.preexisting else o.t_born / 1e9 - t0,
+                                "kind": o.kind, "stack_key": key, "preexisting": o.preexisting,
+                                "t_born": math.nan if o.preexisting else t_born / 1e9 - t0,
                                 "path": o.path})
+            if len(region_rows) >= 50_000:  # bounded: hundreds of thousands of regions after a long hunt
+                self.ctx.session.append("ledger_regions", region_rows)
+                self.ctx.session.flush()
+                region_rows = []
         self.ctx.session.append("ledger_regions", region_rows)
         stack_rows = []
         for (pid, site), o in stack_origin.items():

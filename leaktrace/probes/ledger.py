@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -54,68 +55,136 @@ class Interval:
         return self.end - self.start
 
 
-class AddressSpace:
-    """Disjoint intervals sorted by start."""
+class OriginTable:
+    """Interned origins: one :class:`Origin` per call site (kind, site, ip, stack_id, path), with
+    ``t_born`` and ``tid`` zeroed. Intervals keep only the index of theirs and their own ``t_born``, so a
+    leak of many mappings from a few call sites costs a few machine words per mapping (the thread id of
+    each mapping is not kept: nothing reads it)."""
+
+    __slots__ = ("_ids", "origins")
 
     def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._ivs: list[Interval] = []
+        self._ids: dict[tuple[str, int, int, int, str], int] = {}
+        self.origins: list[Origin] = []
+
+    def __len__(self) -> int:
+        return len(self.origins)
+
+    def intern(self, o: Origin) -> int:
+        key = (o.kind, o.site, o.ip, o.stack_id, o.path)
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self.origins)
+            self.origins.append(Origin(o.kind, site=o.site, ip=o.ip, stack_id=o.stack_id, path=o.path))
+        return i
+
+    def full(self, oid: int, t_born: int) -> Origin:
+        """The interned origin of ``oid`` with a mapping's own birth time."""
+        o = self.origins[oid]
+        return o if t_born == 0 else Origin(o.kind, t_born, o.site, o.ip, o.stack_id, 0, o.path)
+
+
+class AddressSpace:
+    """Disjoint intervals sorted by start, stored column-wise in machine-word arrays: start, end,
+    interned origin id and birth time (32 bytes per interval instead of a few hundred for objects)."""
+
+    __slots__ = ("_starts", "_ends", "_oids", "_born", "origins", "heap_start", "heap_end")
+
+    def __init__(self, origins: OriginTable | None = None) -> None:
+        self._starts = array("Q")
+        self._ends = array("Q")
+        self._oids = array("I")
+        self._born = array("q")
+        self.origins = origins if origins is not None else OriginTable()
         self.heap_start: int | None = None
         self.heap_end: int | None = None  # page-aligned end of [heap]
 
+    def _interval(self, i: int) -> Interval:
+        return Interval(self._starts[i], self._ends[i], self.origins.full(self._oids[i], self._born[i]))
+
     def __iter__(self) -> Iterator[Interval]:
-        return iter(self._ivs)
+        for i in range(len(self._starts)):
+            yield self._interval(i)
 
     def __len__(self) -> int:
-        return len(self._ivs)
+        return len(self._starts)
+
+    def rows(self) -> Iterator[tuple[int, int, Origin, int]]:
+        """(start, end, interned origin, t_born) per interval: no object per interval."""
+        origins = self.origins.origins
+        return zip(self._starts, self._ends, (origins[k] for k in self._oids), self._born, strict=True)
 
     def _first_overlap(self, a: int) -> int:
         i = bisect.bisect_right(self._starts, a) - 1
-        if i >= 0 and self._ivs[i].end > a:
+        if i >= 0 and self._ends[i] > a:
             return i
         return i + 1
+
+    def _pieces(self, a: int, b: int) -> list[tuple[int, int, int, int]]:
+        """The parts of intervals inside [a, b), as (start, end, origin id, t_born)."""
+        i = self._first_overlap(a)
+        out = []
+        while i < len(self._starts) and self._starts[i] < b:
+            out.append((max(self._starts[i], a), min(self._ends[i], b), self._oids[i], self._born[i]))
+            i += 1
+        return out
 
     def overlapping(self, a: int, b: int) -> list[Interval]:
         i = self._first_overlap(a)
         out = []
-        while i < len(self._ivs) and self._ivs[i].start < b:
-            out.append(self._ivs[i])
+        while i < len(self._starts) and self._starts[i] < b:
+            out.append(self._interval(i))
             i += 1
         return out
 
-    def remove(self, a: int, b: int) -> list[Interval]:
-        """Unmap [a, b): cut every interval there, keeping what lies outside. Returns the removed pieces."""
+    def _cut(self, a: int, b: int) -> list[tuple[int, int, int, int]]:
+        """Unmap [a, b); returns the removed pieces as (start, end, origin id, t_born)."""
         if b <= a:
             return []
+        starts, ends, oids, born = self._starts, self._ends, self._oids, self._born
         i = self._first_overlap(a)
         j = i
-        removed: list[Interval] = []
-        keep: list[Interval] = []
-        while j < len(self._ivs) and self._ivs[j].start < b:
-            iv = self._ivs[j]
-            if iv.start < a:
-                keep.append(Interval(iv.start, a, iv.origin))
-            removed.append(Interval(max(iv.start, a), min(iv.end, b), iv.origin))
-            if iv.end > b:
-                keep.append(Interval(b, iv.end, iv.origin))
+        removed: list[tuple[int, int, int, int]] = []
+        keep: list[tuple[int, int, int, int]] = []
+        while j < len(starts) and starts[j] < b:
+            s, e, k, t = starts[j], ends[j], oids[j], born[j]
+            if s < a:
+                keep.append((s, a, k, t))
+            removed.append((max(s, a), min(e, b), k, t))
+            if e > b:
+                keep.append((b, e, k, t))
             j += 1
         if j > i:
-            self._ivs[i:j] = keep
-            self._starts[i:j] = [k.start for k in keep]
+            starts[i:j] = array("Q", [r[0] for r in keep])
+            ends[i:j] = array("Q", [r[1] for r in keep])
+            oids[i:j] = array("I", [r[2] for r in keep])
+            born[i:j] = array("q", [r[3] for r in keep])
         return removed
+
+    def remove(self, a: int, b: int) -> list[Interval]:
+        """Unmap [a, b): cut every interval there, keeping what lies outside. Returns the removed pieces."""
+        full = self.origins.full
+        return [Interval(s, e, full(k, t)) for s, e, k, t in self._cut(a, b)]
+
+    def _put(self, a: int, b: int, oid: int, t_born: int) -> None:
+        if b <= a:
+            return
+        self._cut(a, b)
+        i = bisect.bisect_left(self._starts, a)
+        self._starts.insert(i, a)
+        self._ends.insert(i, b)
+        self._oids.insert(i, oid)
+        self._born.insert(i, t_born)
 
     def insert(self, a: int, b: int, origin: Origin) -> None:
         """Map [a, b): whatever was there is replaced (MAP_FIXED semantics)."""
         if b <= a:
             return
-        self.remove(a, b)
-        i = bisect.bisect_left(self._starts, a)
-        self._starts.insert(i, a)
-        self._ivs.insert(i, Interval(a, b, origin))
+        self._put(a, b, self.origins.intern(origin), origin.t_born)
 
     def clear(self) -> None:
-        self._starts.clear()
-        self._ivs.clear()
+        for arr in (self._starts, self._ends, self._oids, self._born):
+            del arr[:]
         self.heap_start = self.heap_end = None
 
 
@@ -130,13 +199,14 @@ class OutstandingLedger:
 
     def __init__(self) -> None:
         self.spaces: dict[int, AddressSpace] = {}
+        self.origins = OriginTable()  # shared by every address space: a call site is one entry
         self.exited: dict[int, int] = {}  # pid -> seq of exit
         self.execs: dict[int, int] = {}  # pid -> number of execs seen (symbol caches key on it)
 
     def space(self, pid: int) -> AddressSpace:
         sp = self.spaces.get(pid)
         if sp is None:
-            sp = self.spaces[pid] = AddressSpace()
+            sp = self.spaces[pid] = AddressSpace(self.origins)
         return sp
 
     # -- seeding
@@ -167,20 +237,20 @@ class OutstandingLedger:
         sp = self.space(pid)
         old_len, new_len = page_up(old_len), page_up(new_len)
         if dontunmap:
-            pieces = [Interval(max(iv.start, old), min(iv.end, old + old_len), iv.origin)
-                      for iv in sp.overlapping(old, old + old_len)]
+            pieces = sp._pieces(old, old + old_len)
         else:
-            pieces = sp.remove(old, old + old_len)
-        sp.remove(new, new + new_len)
+            pieces = sp._cut(old, old + old_len)
+        sp._cut(new, new + new_len)
         delta = new - old
-        for p in pieces:
-            a, b = p.start + delta, min(p.end + delta, new + new_len)
+        for s, e, k, t in pieces:
+            a, b = s + delta, min(e + delta, new + new_len)
             if b > a:
-                sp.insert(a, b, p.origin)
+                sp._put(a, b, k, t)
         if new_len > old_len:
-            grow_origin = pieces[-1].origin if pieces else origin
-            if grow_origin is not None:
-                sp.insert(new + old_len, new + new_len, grow_origin)
+            if pieces:
+                sp._put(new + old_len, new + new_len, pieces[-1][2], pieces[-1][3])
+            elif origin is not None:
+                sp.insert(new + old_len, new + new_len, origin)
 
     def brk(self, pid: int, new_brk: int, origin: Origin) -> None:
         sp = self.space(pid)
@@ -219,10 +289,10 @@ class OutstandingLedger:
         for p, sp in self.spaces.items():
             if pid is not None and p != pid:
                 continue
-            for iv in sp:
-                if iv.origin.preexisting and not include_preexisting:
+            for start, end, o, _t in sp.rows():
+                if o.preexisting and not include_preexisting:
                     continue
-                tot.outstanding_bytes += iv.size
+                tot.outstanding_bytes += end - start
                 tot.regions += 1
         return tot
 
