@@ -38,7 +38,8 @@ def make_logger(quiet: bool):
 @click.option("--gdb-pause-pct", type=float, default=None,
               help="Most of the target's time gdb may keep it stopped, in percent (default 1).")
 @click.option("--metrics", "metrics_urls", multiple=True, help="vLLM /metrics URL to scrape (repeatable).")
-@click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
+@click.option("--no-bpf", is_flag=True,
+              help="Do not load the eBPF probes (needed without root/BPF: /proc and gdb only, no ledger).")
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
 @click.option("--pyheap", is_flag=True, help="Query the Python heap (GC) state of Python targets (opt-in).")
 @click.option("--prometheus-port", type=int, default=None, help="Expose leaktrace's figures on 127.0.0.1:PORT.")
@@ -73,6 +74,10 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
                           bpf=not no_bpf, gdb=not no_gdb, gdb_samples=gdb_samples, vllm=vllm,
                           metrics_urls=list(metrics_urls), pyheap=pyheap, prometheus_port=prometheus_port,
                           live=live, extra={"prometheus_addr": prometheus_addr})
+    if not no_bpf:
+        # Asked for by default: without BPF the hunt cannot name libraries, so "no BPF" is one clear
+        # error (exit 5) with the way out (--no-bpf), not a hunt that quietly knows less.
+        options.extra["bpf_required"] = True
     if gdb_seconds is not None:
         options.extra["gdb_seconds"] = gdb_seconds
     if gdb_pause_pct is not None:
