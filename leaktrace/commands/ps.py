@@ -23,7 +23,7 @@ def ps(as_json: bool, all_processes: bool, pids: tuple[int, ...], no_metrics: bo
         click.echo(json.dumps(procs, indent=2, default=str))
         return
     if not procs:
-        click.echo("no vLLM server, P/D proxy or UCX/NIXL process found on this host")
+        click.echo("no vLLM server, P/D proxy or UCX/NIXL process found on this host (`leaktrace ps --all` lists every process)")
         return
     insts = {i["instance"]: i for i in instances(procs)}
     for inst_pid, inst in insts.items():
