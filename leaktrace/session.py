@@ -379,6 +379,9 @@ class SessionReader:
                 skipped.append(str(p.relative_to(self.path)))
                 continue
             except Exception:  # noqa: BLE001 - a truncated or hand-edited part: skip it, say so
+                if not final and not p.exists():
+                    # Gone while we read it (a live hunt compacted it away): list again.
+                    raise FileNotFoundError(p) from None
                 # An unreadable range file covers nothing: leftovers of its parts are read instead.
                 skipped.append(str(p.relative_to(self.path)))
                 continue
@@ -389,12 +392,16 @@ class SessionReader:
     def table(self, name: str) -> pd.DataFrame:
         if name in self._cache:
             return self._cache[name]
-        for attempt in range(3):
+        attempts = 8
+        for attempt in range(attempts):
             try:
-                frames = self._read_parts(name, final=attempt == 2)
+                frames = self._read_parts(name, final=attempt == attempts - 1)
                 break
             except FileNotFoundError:
-                continue  # a live hunt compacted parts while we listed them: list again
+                # A live hunt compacted parts while we listed them: list again (a loaded machine can
+                # lose a few races in a row).
+                time.sleep(0.01 * attempt)
+                continue
         if frames:
             try:
                 df = pa.concat_tables(frames, promote_options="default").to_pandas()
