@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
+
+from leaktrace.session import atomic_write_text
 
 MAX_CULPRITS = 5
 MAX_STACK = 20
@@ -79,7 +80,5 @@ def render(report: dict[str, Any]) -> str:
 
 def write(report: dict[str, Any], out_dir: Path) -> Path:
     path = Path(out_dir) / "report.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render(report))
-    os.replace(tmp, path)
+    atomic_write_text(path, render(report), fsync=False)
     return path
