@@ -36,9 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leaktrace import procfs
-from leaktrace.errors import AccessDenied, ClusterError, ProcessGone, SessionError, UsageError
-from leaktrace.session import atomic_write_text
+from leaktrace.errors import ClusterError, SessionError, UsageError
 
 CLUSTER_SCHEMA = "leaktrace.cluster/1"
 CLUSTER_META = "cluster.json"
@@ -114,9 +112,10 @@ def _ancestors(pid: int) -> set[int]:
     while pid > 1 and pid not in out:
         out.add(pid)
         try:
-            pid = int(procfs.read_stat(pid)["ppid"])  # type: ignore[call-overload]
-        except (ProcessGone, AccessDenied, procfs.ParseError, IndexError, ValueError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
             break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
     return out
 
 
@@ -136,19 +135,19 @@ def match_processes(pattern: str, exclude: set[int] | None = None) -> list[dict[
     rx = re.compile(pattern)
     skip = _ancestors(os.getpid()) | (exclude or set())
     found = []
-    for pid in procfs.iter_pids():
-        if pid in skip:
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in skip:
             continue
         try:
-            raw = procfs.read_proc_bytes(pid, "cmdline")
-        except (ProcessGone, AccessDenied):  # gone, or not ours to read
+            raw = Path(entry.path, "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
             continue
         if not raw:  # kernel threads and zombies
             continue
         args = raw.rstrip(b"\0").decode(errors="replace").split("\0")
         cmdline = " ".join(args)
         if rx.search(cmdline) and not _is_leaktrace(args, pattern):
-            found.append({"pid": pid, "cmdline": cmdline[:300]})
+            found.append({"pid": int(entry.name), "cmdline": cmdline[:300]})
     return sorted(found, key=lambda p: p["pid"])
 
 
@@ -487,7 +486,7 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
             "pids": [asdict(p) for p in request.pids]},
         "argv": sys.argv, "start_wall": started_wall, "end_wall": time.time(), "nodes": node_entries,
     }
-    atomic_write_text(out / CLUSTER_META, json.dumps(meta, indent=2, default=str), fsync=False)
+    _atomic_write(out / CLUSTER_META, json.dumps(meta, indent=2, default=str))
     report = render_cluster(out)
     if interrupted:
         from leaktrace.errors import Interrupted
@@ -508,6 +507,12 @@ def _untar(data: bytes, dest: Path) -> None:
                 if m.name.startswith("/") or ".." in Path(m.name).parts or not (m.isfile() or m.isdir()):
                     raise ClusterError(f"refusing a node session with entry {m.name!r}")
             tar.extractall(dest)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------- merge
@@ -560,7 +565,7 @@ def render_cluster(path: str | os.PathLike[str], rerender: bool = False,
     if "json" in formats:
         json_report.write(report, base)
     if "md" in formats:
-        atomic_write_text(base / "report.md", render_markdown(report), fsync=False)
+        _atomic_write(base / "report.md", render_markdown(report))
     return report
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,15 +58,6 @@ def build_probes(options: HuntOptions, log: Callable[[str], None]) -> list[Any]:
             continue
         probes.append(cls(options))
     return probes
-
-
-def _tick_all(probes: list[Any], ctx: HuntContext, now: float) -> None:
-    """One tick of every started probe; a probe's error is a warning, never the end of the hunt."""
-    for p in probes:
-        try:
-            p.tick(now)
-        except LeaktraceError as e:
-            ctx.warn(f"{p.name}: {e}")
 
 
 class _StopFlag:
@@ -170,7 +162,11 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
         next_tick = session.now()
         while fatal is None:
             now = session.now()
-            _tick_all(started, ctx, now)
+            for p in started:
+                try:
+                    p.tick(now)
+                except LeaktraceError as e:
+                    ctx.warn(f"{p.name}: {e}")
             if on_tick is not None:
                 on_tick(ctx, now)
             if flag.event.is_set():
@@ -185,7 +181,12 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
             next_tick += options.interval
             if flag.event.wait(max(0.0, min(next_tick, t_end) - session.now())):
                 stop_reason = flag.reason or "stopped"
-                _tick_all(started, ctx, session.now())  # one last tick so the final state is recorded
+                # one last tick so the final state is recorded
+                for p in started:
+                    try:
+                        p.tick(session.now())
+                    except LeaktraceError:
+                        pass
                 break
     finally:
         for p in reversed(started):
@@ -221,3 +222,9 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
 
         report = render_session(Path(out))
     return HuntResult(Path(out), stop_reason, duration, report, ctx.warnings)
+
+
+def wait_interruptible(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(min(0.2, end - time.monotonic()))

@@ -6,7 +6,8 @@ one plain status line every ``PLAIN_EVERY_S`` seconds through the hunt's logger,
 log still shows progress without flooding it.
 
 Inputs are the small figures probes publish in ``HuntContext.live`` (nothing here reads /proc):
-  ``live["rollup"]``  {pid: {"rss", "anon", "uss", ...}} from the watcher, every tick;
+  ``live["rollup"]``  {pid: {"rss", "anon", "uss", ...}} from the watcher, every tick
+                      (``live["watcher"]`` {pid: rss} is used when only that exists);
   ``live["bpf"]``     {"outstanding_by_library": {lib: bytes}, "outstanding_bytes", "events",
                       "lost_events"} from the eBPF probe (any key may be missing);
   ``live["gdb"]``     {"runs", "samples", "paused_s"} from the gdb sampler.
@@ -57,7 +58,9 @@ class RecentRates:
         self.lock = threading.Lock()
 
     def update(self, live: dict[str, Any], now: float) -> None:
-        rollup = live.get("rollup") or {}
+        rollup = live.get("rollup")
+        if not isinstance(rollup, dict):
+            rollup = {pid: {"rss": rss} for pid, rss in (live.get("watcher") or {}).items()}
         with self.lock:
             latest = {}
             for pid, r in rollup.items():

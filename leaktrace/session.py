@@ -71,16 +71,13 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
-def atomic_write_text(path: Path, text: str, fsync: bool = True) -> None:
-    """Write ``path`` whole or not at all (temp file + rename); readers never see half a file.
-    ``fsync`` for files that must survive a crash of the machine (meta.json), not for re-renderable ones."""
+def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as f:
             f.write(text)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
     except OSError:
         tmp.unlink(missing_ok=True)  # disk full: the previous complete file stays in place
         raise
@@ -140,7 +137,7 @@ class SessionWriter:
 
     # -- meta
     def _write_meta(self) -> None:
-        atomic_write_text(self.path / META, json.dumps(self.meta, indent=2, default=str))
+        _atomic_write_text(self.path / META, json.dumps(self.meta, indent=2, default=str))
 
     def update_meta(self, **fields: Any) -> None:
         with self._lock:
@@ -261,8 +258,10 @@ def _merge_parts(d: Path, group: list[tuple[int, int, Path]]) -> None:
     try:
         with pq.ParquetWriter(tmp, schema) as w:
             for _, _, p in group:
-                # The unified schema holds every column of every part: _conform adds no extras here.
-                w.write_table(_conform(pq.read_table(p), schema))
+                t = pq.read_table(p)
+                cols = [t.column(f.name).cast(f.type) if f.name in t.column_names
+                        else pa.nulls(len(t), f.type) for f in schema]
+                w.write_table(pa.Table.from_arrays(cols, schema=schema))
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

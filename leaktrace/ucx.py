@@ -20,7 +20,6 @@ Every value carries where it came from (``sources``).
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import struct
@@ -295,17 +294,7 @@ class UcxConfig:
 
 
 def _version_near(path: str) -> str | None:
-    """UCX version of a mapped libucp: the wheel's dist-info beside it, else the version string inside.
-    Cached per file and modification time: the ucx probe asks again for every process, every few ticks."""
-    try:
-        mtime = os.stat(path).st_mtime_ns
-    except OSError:
-        mtime = 0
-    return _version_near_cached(path, mtime)
-
-
-@functools.lru_cache(maxsize=64)
-def _version_near_cached(path: str, _mtime_ns: int) -> str | None:
+    """UCX version of a mapped libucp: the wheel's dist-info beside it, else the version string inside."""
     p = Path(path)
     for parent in list(p.parents)[:4]:
         for di in parent.glob("libucx*-*.dist-info"):

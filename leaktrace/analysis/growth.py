@@ -56,12 +56,11 @@ def _subsample(t: np.ndarray, y: np.ndarray, k: int = MAX_POINTS) -> tuple[np.nd
     return t[idx], y[idx]
 
 
-def theil_sen(t: np.ndarray, y: np.ndarray, k: int = MAX_POINTS) -> tuple[float, float]:
-    """(slope, fraction of pairwise slopes agreeing in sign). Subsamples evenly beyond ``k`` points;
-    ``t`` must be in time order (only pairs i < j are used)."""
+def theil_sen(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(slope, fraction of pairwise slopes agreeing in sign). Subsamples evenly beyond MAX_POINTS."""
     if len(t) < 2:
         return 0.0, 0.0
-    t, y = _subsample(t, y, k)
+    t, y = _subsample(t, y)
     i, j = np.triu_indices(len(t), k=1)
     dt = t[j] - t[i]
     ok = dt > 0

@@ -69,6 +69,13 @@ def _load_blocks(reader: Any, warnings: list[str]) -> dict[str, Any]:
             continue
         if val:
             out[name] = val
+    combined = optional("leaktrace.analysis.load", "load_summary")
+    if combined is not None and not out:
+        try:
+            val = combined(reader) or {}
+            out.update({k: v for k, v in val.items() if k in ("instances", "load") and v})
+        except Exception as e:  # noqa: BLE001
+            warnings.append(f"load analysis failed: {e.__class__.__name__}: {e}")
     return out
 
 

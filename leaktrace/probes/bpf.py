@@ -37,8 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from leaktrace import procfs
-from leaktrace.errors import AccessDenied, BpfUnavailable, LeaktraceError, ProcessGone
+from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
 from leaktrace.probes.ledger import MapEntry, Origin, OutstandingLedger, Symbolizer
 
@@ -49,8 +48,6 @@ EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 ANON_FD = 0xFFFFFFFF
-EVENT_ANON_FD = (1 << 64) - 1  # lt_event.fd of an anonymous mapping (u64 -1)
-PROT_EXEC = 0x4  # LT_PROT_EXEC in bpf/leaktrace.bpf.c
 
 
 class RegionKey(ct.Structure):
@@ -78,9 +75,19 @@ def _i64(x: int) -> int:
 
 def _read_maps(pid: int) -> list[MapEntry] | None:
     try:
-        return [MapEntry(m.start, m.end, m.offset, m.perms, m.path) for m in procfs.read_maps(pid)]
-    except (ProcessGone, AccessDenied, procfs.ParseError):
+        with open(f"/proc/{pid}/maps") as f:
+            text = f.read()
+    except OSError:
         return None
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        a, b = parts[0].split("-")
+        out.append(MapEntry(int(a, 16), int(b, 16), int(parts[2], 16), parts[1],
+                            parts[5].strip() if len(parts) > 5 else ""))
+    return out
 
 
 def _start_brk(pid: int) -> int | None:
@@ -115,11 +122,14 @@ class KernelRegions:
 
 
 def _is_process(pid: int) -> bool:
-    """A thread group leader (fork of a process), not a new thread."""
     try:
-        return procfs.read_status(pid).get("Tgid") == str(pid)
-    except (ProcessGone, AccessDenied):
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1]) == pid
+    except OSError:
         return False
+    return False
 
 
 class BpfProbe:
@@ -370,25 +380,19 @@ class BpfProbe:
         kmap = self._scan_kernel() if needs_kernel else {}
         taken: set[tuple[int, int]] = set()
         rows = []
-        maps_due: set[int] = set()
         for e in batch:
-            self._apply(e, kmap, taken, maps_due)
+            self._apply(e, kmap, taken)
             rows.append(self._event_row(e))
-        # New executable mappings (a library loaded): one /proc/PID/maps read per process per batch, not
-        # one per library (loading torch maps hundreds).
-        for pid in maps_due:
-            self._refresh_maps(pid, force=True)
         if self.ctx is not None:
             self.ctx.session.append("bpf_events", rows)
 
-    def _apply(self, e: Event, kmap: dict, taken: set, maps_due: set[int]) -> None:
+    def _apply(self, e: Event, kmap: dict, taken: set) -> None:
         pid = e.tgid
         if e.type == EV_MMAP:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
-            anon = e.fd == EVENT_ANON_FD
-            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e, "anon" if anon else "file"))
-            if not anon and e.prot & PROT_EXEC:
-                maps_due.add(pid)
+            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e, "anon" if e.fd == (1 << 64) - 1 else "file"))
+            if e.fd != (1 << 64) - 1 and e.prot & 4:
+                self._refresh_maps(pid, force=True)
         elif e.type == EV_MUNMAP:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.ledger.munmap(pid, e.addr, e.len)
@@ -419,7 +423,7 @@ class BpfProbe:
             self.ledger.exit(pid, e.seq)
             self._known.discard(pid)
         elif e.type == EV_LIBMAP:
-            maps_due.add(pid)
+            self._refresh_maps(pid, force=True)
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)

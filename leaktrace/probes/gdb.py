@@ -69,8 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leaktrace import procfs
-from leaktrace.errors import AccessDenied, GdbUnavailable, NoSuchProcess, ProcessGone
+from leaktrace.errors import GdbUnavailable, NoSuchProcess
 
 SCRIPTS_DIR = Path(os.environ.get("LEAKTRACE_GDB_SCRIPTS", Path(__file__).resolve().parents[2] / "gdb_scripts"))
 SAMPLER_SCRIPT = SCRIPTS_DIR / "sampler.py"
@@ -140,23 +139,28 @@ def _read_first_line(path: str) -> str | None:
 
 
 def has_cap_sys_ptrace() -> bool:
-    from leaktrace.doctor import _cap_eff, _has_cap
-
-    return _has_cap(_cap_eff(), CAP_SYS_PTRACE)
+    for line in (Path("/proc/self/status").read_text().splitlines()):
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    return False
 
 
 def tracer_of(pid: int) -> int:
     try:
-        return int(procfs.read_status(pid).get("TracerPid", "0"))
-    except (ProcessGone, AccessDenied, ValueError):
-        return 0
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def proc_state(pid: int) -> str | None:
     try:
-        return str(procfs.read_stat(pid)["state"])
-    except (ProcessGone, AccessDenied, procfs.ParseError, IndexError, ValueError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return None
+    return stat[stat.rindex(")") + 2]
 
 
 def gdb_environment() -> dict[str, str]:
@@ -586,10 +590,9 @@ class GdbProbe:
         live = self.ctx.targets.live()
         if self.on_growth_only:
             rollup = self.ctx.live.get("rollup") or {}
+            rss = dict(self.ctx.live.get("watcher") or {})
             for pid in live:
-                if pid in self._queued:
-                    continue  # already due: its growth need not be checked again
-                figures = rollup.get(pid) or {}
+                figures = rollup.get(pid) or {"rss": rss.get(pid)}
                 for key in ("rss", "anon"):
                     value = figures.get(key)
                     if value is None:

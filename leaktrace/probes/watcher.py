@@ -169,6 +169,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def label_of(pid: int) -> str:
+    """A short human label from comm/cmdline (vLLM-aware labels come from leaktrace.discover)."""
+    try:
+        comm = procfs.read_comm(pid)
+    except (ProcessGone, AccessDenied):
+        return "?"
+    return comm
+
+
 class WatcherProbe:
     name = "watcher"
     required = True
@@ -255,9 +264,10 @@ class WatcherProbe:
             exe = ""
         label = self.ctx.targets.labels.get(pid) or comm
         self.ctx.targets.labels.setdefault(pid, label)
+        root = next((r for r in self.ctx.targets.roots if r == pid), None)
         self.ctx.session.append("processes", {
             "t": now, "pid": pid, "ppid": ppid, "event": event, "comm": comm, "label": label,
-            "cmdline": json.dumps(cmd), "exe": exe, "root": pid if pid in self.ctx.targets.roots else -1,
+            "cmdline": json.dumps(cmd), "exe": exe, "root": root if root is not None else -1,
         })
         self.ctx.log(f"watching pid {pid} ({comm})")
 
@@ -311,6 +321,7 @@ class WatcherProbe:
             if full:
                 self._full_smaps(pid, now)
         self.ctx.session.append("rollup", rows)
+        self.ctx.live["watcher"] = {r["pid"]: r["rss"] for r in rows}
         self.ctx.live["rollup"] = {r["pid"]: r for r in rows}  # all rollup figures, for live view/exporter
 
     def _full_smaps(self, pid: int, now: float, snapshot: str | None = None) -> list[Region] | None:

@@ -9,13 +9,13 @@ the report says so).
 from __future__ import annotations
 
 import html
+import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.culprits import optional
 from leaktrace.analysis.growth import MB
-from leaktrace.session import atomic_write_text
 
 Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
 
@@ -81,6 +81,8 @@ def collect_stacks(report: dict[str, Any], reader: Any = None) -> tuple[Stacks, 
     if stacks:
         labels = {f"pid {p['pid']}": f"{p['label']} ({p['pid']})" for p in report.get("processes", [])}
         return [([labels.get(fr[0], fr[0]), *fr[1:]], n) for fr, n in stacks], "ledger"
+    if stacks:
+        return stacks, "ledger"
     for c in report.get("culprits", []):
         if c.get("stack") and c.get("outstanding_bytes"):
             frames = [f"{c.get('process_label') or '?'} ({c['pid']})"]
@@ -108,7 +110,9 @@ def folded_text(stacks: Stacks) -> str:
 def write_folded(report: dict[str, Any], out_dir: Path, reader: Any = None) -> Path:
     stacks, _ = collect_stacks(report, reader)
     path = Path(out_dir) / "outstanding.folded"
-    atomic_write_text(path, folded_text(stacks), fsync=False)
+    tmp = path.with_suffix(".folded.tmp")
+    tmp.write_text(folded_text(stacks))
+    os.replace(tmp, path)
     return path
 
 

@@ -7,6 +7,7 @@ a flame graph of outstanding bytes by stack; culprit cards. Copes with any subse
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ import pandas as pd
 
 from leaktrace.analysis.growth import MB
 from leaktrace.report.flame import collect_stacks, flame_svg
-from leaktrace.session import atomic_write_text
 
 MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12
@@ -153,5 +153,7 @@ def render(report: dict[str, Any], reader: Any = None) -> str:
 
 def write(report: dict[str, Any], out_dir: Path, reader: Any = None) -> Path:
     path = Path(out_dir) / "report.html"
-    atomic_write_text(path, render(report, reader), fsync=False)
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(render(report, reader))
+    os.replace(tmp, path)
     return path

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
-
-from leaktrace.session import atomic_write_text
 
 
 def _clean(o: Any) -> Any:
@@ -24,5 +23,7 @@ def _clean(o: Any) -> Any:
 
 def write(report: dict[str, Any], out_dir: Path) -> Path:
     path = Path(out_dir) / "report.json"
-    atomic_write_text(path, json.dumps(_clean(report), indent=2, default=str), fsync=False)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_clean(report), indent=2, default=str))
+    os.replace(tmp, path)
     return path

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
-
-from leaktrace.session import atomic_write_text
 
 MAX_CULPRITS = 5
 MAX_STACK = 20
@@ -80,5 +79,7 @@ def render(report: dict[str, Any]) -> str:
 
 def write(report: dict[str, Any], out_dir: Path) -> Path:
     path = Path(out_dir) / "report.md"
-    atomic_write_text(path, render(report), fsync=False)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(render(report))
+    os.replace(tmp, path)
     return path
