@@ -8,7 +8,7 @@ would shadow the venv's own packages with Debian's, so only the ``bcc`` package 
 BCC compiles at run time and needs a kernel-header tree. Real headers are used when the machine has
 them; otherwise ``BCC_KERNEL_SOURCE`` points at the stub tree in ``bpf/kheaders`` (enough for
 tracepoint programs, whose argument layouts come from tracefs). :func:`bpf_doctor_checks` reports
-which path is taken.
+which path is taken. ``bpf/`` is found by :mod:`leaktrace.resources` (installed copy or checkout).
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from leaktrace import resources
 from leaktrace.errors import BpfUnavailable
 
-REPO = Path(__file__).resolve().parent.parent
-BPF_DIR = Path(os.environ.get("LEAKTRACE_BPF_DIR", REPO / "bpf"))
-STUB_HEADERS = BPF_DIR / "kheaders"
 BCC_DIRS = [
     Path("/usr/lib/python3/dist-packages/bcc"),
     Path("/usr/lib/python3/site-packages/bcc"),
@@ -45,6 +43,19 @@ TRACEPOINTS = [
 REGS_OFFSETS = {"x86_64": (128, 152)}
 
 _bcc: ModuleType | None = None
+
+
+def bpf_dir() -> Path:
+    """bpf/ of this installation; BpfUnavailable when absent, so the hunt's message offers --no-bpf."""
+    try:
+        return resources.bpf_dir()
+    except resources.ResourceMissing as e:
+        raise BpfUnavailable(e.message, f"{e.remedy}; or pass --no-bpf") from e
+
+
+def stub_headers() -> Path:
+    # located(), not bpf_dir(): the doctor describes the header choice even when bpf/ is missing.
+    return resources.BPF.located() / "kheaders"
 
 
 @dataclass
@@ -100,15 +111,15 @@ def real_header_dirs() -> list[Path]:
 def choose_headers() -> HeaderChoice:
     """Real kernel headers when present (or BCC_KERNEL_SOURCE set by the user), else the stub tree."""
     user = os.environ.get("BCC_KERNEL_SOURCE")
-    if user and not user.startswith(str(STUB_HEADERS)):
+    stub = stub_headers()
+    if user and not user.startswith(str(stub)):
         return HeaderChoice("real", user, f"BCC_KERNEL_SOURCE={user} (set by the user)")
     real = real_header_dirs()
     if real:
         return HeaderChoice("real", str(real[0]), f"kernel headers at {real[0]}")
     if Path("/sys/kernel/kheaders.tar.xz").exists():
         return HeaderChoice("real", "/sys/kernel/kheaders.tar.xz", "in-kernel headers (IKHEADERS)")
-    return HeaderChoice("stub", str(STUB_HEADERS),
-                        f"no kernel headers for {platform.release()}: bundled stub tree {STUB_HEADERS}")
+    return HeaderChoice("stub", str(stub), f"no kernel headers for {platform.release()}: bundled stub tree {stub}")
 
 
 # The init PID namespace's inode number (PROC_PID_INIT_INO in include/linux/proc_ns.h): fixed by the kernel.
@@ -159,10 +170,10 @@ def pid_namespace() -> PidNamespace | None:
     return None
 
 
-def compile_flags(extra: dict[str, int] | None = None) -> list[str]:
+def compile_flags(include_dir: Path, extra: dict[str, int] | None = None) -> list[str]:
     ip_off, sp_off = REGS_OFFSETS.get(platform.machine(), REGS_OFFSETS["x86_64"])
     defs = {"LT_REGS_IP_OFF": ip_off, "LT_REGS_SP_OFF": sp_off, **(extra or {})}
-    return [f"-I{BPF_DIR}", "-Wno-macro-redefined"] + [f"-D{k}={v}" for k, v in defs.items()]
+    return [f"-I{include_dir}", "-Wno-macro-redefined"] + [f"-D{k}={v}" for k, v in defs.items()]
 
 
 def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None = None) -> tuple[Any, HeaderChoice]:
@@ -170,14 +181,15 @@ def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None =
     if os.geteuid() != 0:
         raise BpfUnavailable("BPF tracing needs root (or CAP_BPF + CAP_PERFMON)")
     bcc = import_bcc()
+    src_dir = bpf_dir()
     choice = choose_headers()
     if choice.kind == "stub":
         os.environ["BCC_KERNEL_SOURCE"] = choice.path
-    src = BPF_DIR / name
+    src = src_dir / name
     if not src.is_file():
-        raise BpfUnavailable(f"BPF program {src} is missing", "reinstall leaktrace from its repository")
+        raise BpfUnavailable(f"BPF program {src} is missing", f"{resources.BPF.remedy()}; or pass --no-bpf")
     try:
-        prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(defines))
+        prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(src_dir, defines))
     except Exception as e:  # noqa: BLE001 - bcc raises bare Exception for compile/load failures
         raise BpfUnavailable(f"BPF program failed to load ({choice.kind} headers): {str(e).strip()[:300]}") from e
     return prog, choice
@@ -208,6 +220,18 @@ def _bpf_syscall_works() -> tuple[bool, str]:
                 else f"bpf(BPF_PROG_LOAD) -> {names.get(err, err)}")
 
 
+def _exists(path: Path) -> bool:
+    """Path.exists() that says False where a non-root user may not look (tracefs is root-only)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def _readable_dir(path: Path) -> bool:
+    return _exists(path) and os.access(path, os.R_OK | os.X_OK)
+
+
 def bpf_doctor_checks() -> list[dict[str, Any]]:
     """Checks for ``leaktrace doctor``: each {name, ok, detail, fix}."""
     checks: list[dict[str, Any]] = []
@@ -221,8 +245,8 @@ def bpf_doctor_checks() -> list[dict[str, Any]]:
         checks.append(_check("libbcc", False, f"libbcc.so.0: {e}", "apt-get install -y libbpfcc"))
     ok, detail = _bpf_syscall_works()
     checks.append(_check("bpf syscall", ok, detail, "run as root (or grant CAP_BPF and CAP_PERFMON)"))
-    tracefs = next((t for t in TRACEFS if (t / "events").is_dir()), None)
-    missing = [tp for tp in TRACEPOINTS if tracefs is None or not (tracefs / "events" / tp / "id").exists()]
+    tracefs = next((t for t in TRACEFS if _readable_dir(t / "events")), None)
+    missing = [tp for tp in TRACEPOINTS if tracefs is None or not _exists(tracefs / "events" / tp / "id")]
     checks.append(_check("syscall/sched tracepoints", tracefs is not None and not missing,
                          f"{len(TRACEPOINTS) - len(missing)}/{len(TRACEPOINTS)} present under {tracefs}"
                          + (f"; missing {', '.join(missing)}" if missing else ""),
@@ -234,8 +258,9 @@ def bpf_doctor_checks() -> list[dict[str, Any]]:
     btf = Path("/sys/kernel/btf/vmlinux").exists()
     checks.append(_check("kernel BTF", btf, "/sys/kernel/btf/vmlinux" if btf else "absent",
                          "a kernel built with CONFIG_DEBUG_INFO_BTF (needed for bpf_task_pt_regs)"))
+    checks.append(resources.BPF.doctor_check("leaktrace BPF program", resources.BPF.located() / "leaktrace.bpf.c"))
     choice = choose_headers()
-    stub_ok = (STUB_HEADERS / "include" / "linux" / "kconfig.h").is_file()
+    stub_ok = (stub_headers() / "include" / "linux" / "kconfig.h").is_file()
     checks.append(_check("kernel headers for bcc", choice.kind == "real" or stub_ok,
                          f"{choice.kind}: {choice.detail}",
                          "apt-get install linux-headers-$(uname -r), or restore bpf/kheaders/"))

@@ -141,7 +141,8 @@ def _extra_checks(module: str, func: str) -> list[Check]:
             out.append(Check(c["name"], bool(c["ok"]), str(c.get("detail", "")), str(c.get("fix", "")),
                              bool(c.get("required", False))))
     except Exception as e:  # noqa: BLE001 - a failing check is a finding, not a crash
-        out.append(Check(f"{module}", False, f"check failed: {e}", "", False))
+        out.append(Check(f"{module}", False, f"check failed: {e.__class__.__name__}: {e}",
+                         "run `leaktrace -v doctor` as root to see why", False))
     return out
 
 

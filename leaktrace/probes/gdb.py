@@ -69,9 +69,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leaktrace import resources
 from leaktrace.errors import GdbUnavailable, NoSuchProcess
 
-SCRIPTS_DIR = Path(os.environ.get("LEAKTRACE_GDB_SCRIPTS", Path(__file__).resolve().parents[2] / "gdb_scripts"))
+# The installed copy or the checkout's (leaktrace/resources.py). Never fails at import: when absent,
+# gdb_doctor_checks reports it and preflight stops the hunt with its remedy.
+SCRIPTS_DIR = resources.GDB_SCRIPTS.located()
 SAMPLER_SCRIPT = SCRIPTS_DIR / "sampler.py"
 SEED002_SCRIPT = SCRIPTS_DIR / "seed002_syscall_mmap.gdb"
 
@@ -194,6 +197,7 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
         except (OSError, subprocess.TimeoutExpired) as e:
             checks.append({"name": "gdb version", "ok": False, "detail": f"gdb did not run: {e}",
                            "fix": "reinstall gdb"})
+    checks.append(resources.GDB_SCRIPTS.doctor_check("gdb sampler script", SAMPLER_SCRIPT))
     scope = _read_first_line("/proc/sys/kernel/yama/ptrace_scope")
     privileged = os.geteuid() == 0 or has_cap_sys_ptrace()
     if scope is None:
