@@ -97,5 +97,11 @@ class TargetBusy(LeaktraceError):
     exit_code = 12
 
 
+class SessionExists(LeaktraceError):
+    """``--out`` already holds a session (or other files): never mixed, replaced only with --force."""
+
+    exit_code = 13
+
+
 class Interrupted(LeaktraceError):
     exit_code = 130

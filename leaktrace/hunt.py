@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from leaktrace import procfs
+from leaktrace import outdir, procfs
 from leaktrace.errors import LeaktraceError, NoSuchProcess, OutputNotWritable
 from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
 from leaktrace.probes.watcher import WatcherProbe
@@ -106,7 +106,10 @@ def describe_target(pid: int) -> dict[str, Any]:
 def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
              log: Callable[[str], None] = lambda s: None, meta: dict[str, Any] | None = None,
              stop: threading.Event | None = None, write_reports: bool = True,
-             on_tick: Callable[[HuntContext, float], None] | None = None) -> HuntResult:
+             on_tick: Callable[[HuntContext, float], None] | None = None, replace: bool = False) -> HuntResult:
+    """Hunt the trees rooted at ``pids`` into the session directory ``out``. ``replace``: an ``out``
+    that holds a session is replaced (atomically, see SessionWriter) instead of refused."""
+    out = outdir.absolute(out)  # callers other than the CLI may pass a relative path
     pids = list(dict.fromkeys(pids))
     for pid in pids:
         procfs.require_pid(pid)
@@ -119,7 +122,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
                         for k, v in asdict(options).items() if k != "extra"},
             "argv": procfs.redact_cmdline(sys.argv),
             **(meta or {}),
-        })
+        }, replace=replace)
     except BaseException:
         locks.release()
         raise
@@ -213,15 +216,14 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     if session.write_error is not None:
         err = session.write_error
         raise OutputNotWritable(f"writing the session {out} failed: {err.strerror or err}",
-                                "free space or choose another --out; what was written before the failure "
-                                f"stays readable: leaktrace report {out}")
+                                outdir.write_error_remedy(err, out))
     log(f"hunt stopped: {stop_reason} after {duration:.1f}s")
     report = None
     if write_reports:
         from leaktrace.report import render_session
 
-        report = render_session(Path(out))
-    return HuntResult(Path(out), stop_reason, duration, report, ctx.warnings)
+        report = render_session(out)
+    return HuntResult(out, stop_reason, duration, report, ctx.warnings)
 
 
 def wait_interruptible(seconds: float) -> None:

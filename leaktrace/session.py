@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import socket
 import threading
 import time
@@ -35,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leaktrace import __version__
+from leaktrace import __version__, outdir
 from leaktrace.errors import OutputNotWritable, SessionError
 
 SESSION_SCHEMA = "leaktrace.session/1"
@@ -101,14 +102,24 @@ class SessionWriter:
     every ``flush_interval`` seconds as new Parquet parts."""
 
     def __init__(self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None,
-                 flush_interval: float = 0.5) -> None:
-        self.path = Path(path)
+                 flush_interval: float = 0.5, replace: bool = False) -> None:
+        # Absolute before the flush thread starts: libbcc moves the process's working directory while it
+        # compiles (leaktrace.outdir). The CLI passes absolute paths already; library callers may not.
+        final = outdir.absolute(path)
+        # A directory holding a session is never written into (refused), or, with ``replace``, the new
+        # session is built beside it and swapped in once its meta.json exists: the old one stays whole
+        # until then.
+        outdir.check_out(final, force=replace)
+        staging = final.with_name(f".{final.name}.new-{uuid.uuid4().hex[:8]}") if outdir.holds_session(final) else None
+        self.path = staging or final
         try:
             (self.path / TABLES).mkdir(parents=True, exist_ok=True)
             probe = self.path / f".write-test-{os.getpid()}"
             probe.write_text("x")
             probe.unlink()
         except OSError as e:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
             raise OutputNotWritable(f"cannot write session directory {self.path}: {e.strerror or e}") from e
         self._lock = threading.Lock()
         self._buffers: dict[str, list[dict[str, Any]]] = {}
@@ -130,6 +141,8 @@ class SessionWriter:
         if meta:
             self.meta.update(meta)
         self._write_meta()
+        if staging is not None:
+            self.path = _swap_in(staging, final)
         self._stop = threading.Event()
         self._flush_interval = flush_interval
         self._thread = threading.Thread(target=self._flush_loop, name="session-flush", daemon=True)
@@ -216,6 +229,22 @@ class SessionWriter:
             self.update_meta(end_wall=time.time(), complete=True, rows=dict(self._rows_written), **final_meta)
         except OSError as e:  # disk full: meta.json keeps its last complete version (atomic rename)
             self.write_error = e
+
+
+def _swap_in(staging: Path, final: Path) -> Path:
+    """Replace the session in ``final`` by the one in ``staging``: two renames (the old session moves
+    aside whole, the new one takes its name), then the old one is deleted."""
+    aside = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(final, aside)
+        os.rename(staging, final)
+    except OSError as e:
+        if aside.exists() and not final.exists():
+            os.rename(aside, final)  # put the old session back: nothing lost
+        shutil.rmtree(staging, ignore_errors=True)
+        raise OutputNotWritable(f"cannot replace the session in {final}: {e.strerror or e}") from e
+    shutil.rmtree(aside, ignore_errors=True)
+    return final
 
 
 # Parts merged into one range file by the flush thread, and range files of one level merged into the

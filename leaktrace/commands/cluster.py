@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from leaktrace.commands.hunt import default_out, make_logger
+from leaktrace.commands.hunt import make_logger
+from leaktrace.outdir import output_dir
 
 
 @click.group("cluster")
@@ -39,7 +40,8 @@ def cluster() -> None:
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
 @click.option("--pyheap", is_flag=True, help="Query the Python heap (GC) state of Python targets.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Cluster session directory to write (default: ./leaktrace-cluster-DATE-TIME).")
+              help="Cluster session directory to write (default: a new ./leaktrace-cluster-DATE-TIME); one "
+                   "that already holds a session is refused (exit 13).")
 @click.option("--shared-dir", default=None, type=click.Path(file_okay=False),
               help="Absolute path every node can write (NFS, hostPath…): node sessions go there instead "
                    "of travelling back through Ray's object store.")
@@ -76,9 +78,9 @@ def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], nod
         shared_dir=shared_dir, node_timeout=node_timeout, node_ip_address=node_ip_address)
     request.validate()
     import_ray()  # before anything else happens: without Ray, one line saying how to get it
-    out = out or default_out().replace("leaktrace-", "leaktrace-cluster-", 1)
-    report = cluster_hunt(request, out, log=make_logger(quiet))
-    _print_summary(report, out)
+    with output_dir(out, prefix="leaktrace-cluster") as out_dir:
+        report = cluster_hunt(request, out_dir, log=make_logger(quiet))
+    _print_summary(report, str(out_dir))
 
 
 def _hunt_args(interval: float, smaps_every: int, gdb_samples: int | None, metrics_urls: tuple[str, ...],

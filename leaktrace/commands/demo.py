@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from leaktrace.errors import TargetError, UsageError
+from leaktrace.outdir import output_dir
 from leaktrace.probes import HuntOptions
 
 READY_TIMEOUT_S = 30.0
@@ -52,13 +53,15 @@ def stop_workload(p: subprocess.Popen[str]) -> None:
 @click.command("demo")
 @click.option("--duration", type=float, default=40.0, show_default=True, help="Seconds to hunt.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Session directory to write (default: ./leaktrace-demo-DATE-TIME).")
+              help="Session directory to write (default: a new ./leaktrace-demo-DATE-TIME). One that holds a "
+                   "session is refused (exit 13) unless --force.")
+@click.option("--force", is_flag=True, help="Replace the session already in --out.")
 @click.option("--rate", "mb_per_min", type=float, default=120.0, show_default=True,
               help="Leak rate of the workload (MiB/min).")
 @click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
-def demo(duration: float, out: str | None, mb_per_min: float, no_bpf: bool, no_gdb: bool, quiet: bool) -> None:
+def demo(duration: float, out: str | None, force: bool, mb_per_min: float, no_bpf: bool, no_gdb: bool, quiet: bool) -> None:
     """Start the bundled leaking workload, hunt it, write the report.
 
     The workload is a Python host calling a small native "transfer" library (C, built with gcc into
@@ -74,22 +77,23 @@ def demo(duration: float, out: str | None, mb_per_min: float, no_bpf: bool, no_g
     if duration <= 0 or mb_per_min <= 0:
         raise UsageError("--duration and --rate must be positive")
     log = make_logger(quiet)
-    out = out or time.strftime("leaktrace-demo-%Y%m%d-%H%M%S")
-    lib = build_library()
-    log(f"demo library: {lib}")
-    buffer_kib = 256
-    proc = start_workload(lib, mb_per_min, buffer_kib)
-    log(f"demo workload: pid {proc.pid}, leaking {mb_per_min:g} MiB/min through {LIBRARY}")
-    options = HuntOptions(duration=duration, interval=1.0, smaps_every=2, bpf=not no_bpf, gdb=not no_gdb)
-    try:
-        run_hunt([proc.pid], options, out, log=log, write_reports=False,
-                 meta={"demo": {"library": LIBRARY, "mb_per_min": mb_per_min, "buffer_kib": buffer_kib,
-                                "pid": proc.pid}})
-    finally:
-        stop_workload(proc)
-    report = render_session(Path(out), formats=["json", "md", "html", "folded"])
+    with output_dir(out, prefix="leaktrace-demo", force=force) as out_dir:
+        lib = build_library()
+        log(f"demo library: {lib}")
+        buffer_kib = 256
+        proc = start_workload(lib, mb_per_min, buffer_kib)
+        log(f"demo workload: pid {proc.pid}, leaking {mb_per_min:g} MiB/min through {LIBRARY}")
+        options = HuntOptions(duration=duration, interval=1.0, smaps_every=2, bpf=not no_bpf, gdb=not no_gdb)
+        try:
+            result = run_hunt([proc.pid], options, out_dir, log=log, write_reports=False, replace=force,
+                              meta={"demo": {"library": LIBRARY, "mb_per_min": mb_per_min,
+                                             "buffer_kib": buffer_kib, "pid": proc.pid}})
+        finally:
+            stop_workload(proc)
+    report = render_session(out_dir, formats=["json", "md", "html", "folded"])
     top = report["culprits"][0] if report["culprits"] else None
-    click.echo(f"verdict: {report['verdict']}")
+    click.echo(f"verdict: {report['verdict']}"
+               + (f" (hunt stopped early: {result.stop_reason})" if result.stop_reason != "deadline" else ""))
     if top is not None:
         named = f", named {top['first_named_s']:.1f} s after attach" if top.get("first_named_s") is not None else ""
         click.echo(f"top culprit: {top.get('library') or 'library not named'} (pid {top['pid']}) "
@@ -98,4 +102,4 @@ def demo(duration: float, out: str | None, mb_per_min: float, no_bpf: bool, no_g
             click.echo(f"remedy: {top['remedy']}")
         if top.get("library") != LIBRARY:
             click.echo("the library was not named: run as root with the eBPF probe (see `leaktrace doctor`)")
-    click.echo(f"report: {Path(out) / 'report.html'} (also report.md, report.json, outstanding.folded)")
+    click.echo(f"report: {out_dir / 'report.html'} (also report.md, report.json, outstanding.folded)")

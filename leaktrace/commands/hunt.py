@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import click
 
 from leaktrace.errors import UsageError
+from leaktrace.outdir import output_dir
 from leaktrace.probes import HuntOptions
-
-
-def default_out() -> str:
-    return time.strftime("leaktrace-%Y%m%d-%H%M%S")
 
 
 def make_logger(quiet: bool):
@@ -30,7 +26,10 @@ def make_logger(quiet: bool):
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between watcher ticks.")
 @click.option("--smaps-every", type=int, default=10, show_default=True, help="Full smaps diff every N ticks.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Session directory to write (default: ./leaktrace-DATE-TIME).")
+              help="Session directory to write (default: a new ./leaktrace-DATE-TIME). One that holds a "
+                   "session is refused (exit 13) unless --force.")
+@click.option("--force", is_flag=True,
+              help="Replace the session already in --out (the old one stays whole until the new one starts).")
 @click.option("--gdb-samples", type=int, default=None,
               help="gdb stack samples per process (0 disables; default: a few, only when growth is seen).")
 @click.option("--gdb-seconds", type=float, default=None,
@@ -49,6 +48,7 @@ def make_logger(quiet: bool):
 @click.option("--format", "formats", default="json,md,html", show_default=True, help="Report formats.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, smaps_every: int, out: str | None,
+         force: bool,
          gdb_samples: int | None, gdb_seconds: float | None, gdb_pause_pct: float | None, metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool,
          prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: str,
          quiet: bool) -> None:
@@ -94,18 +94,18 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
         if not found and not roots:
             raise UsageError("--vllm: no vLLM server found on this host (see `leaktrace ps`)")
         roots += [p for p in found if p not in roots]
-    out = out or default_out()
     log = make_logger(quiet)
     from leaktrace.live import live_view
 
-    with live_view(options, log, quiet=quiet) as on_tick:
-        result = run_hunt(roots, options, out, log=log, write_reports=False, on_tick=on_tick)
-    report = render_session(Path(out), formats=[f.strip() for f in formats.split(",") if f.strip()])
+    # Absolute before any probe loads (libbcc moves the working directory while it compiles).
+    with output_dir(out, prefix="leaktrace", force=force) as out_dir, live_view(options, log, quiet=quiet) as on_tick:
+        result = run_hunt(roots, options, out_dir, log=log, write_reports=False, on_tick=on_tick, replace=force)
+    report = render_session(out_dir, formats=[f.strip() for f in formats.split(",") if f.strip()])
     if result.warnings:
-        click.echo(f"{len(result.warnings)} warning(s); see {Path(out) / 'meta.json'}", err=True)
+        click.echo(f"{len(result.warnings)} warning(s); see {out_dir / 'meta.json'}", err=True)
     top = report["culprits"][0] if report["culprits"] else None
     click.echo(f"verdict: {report['verdict']}" + (
         f" — top culprit: {top['kind']} {top.get('library') or ''} pid {top['pid']} "
         f"{top['mb_per_min']:.2f} MB/min" if top else ""))
-    click.echo(f"report: {Path(out) / 'report.json'}")
+    click.echo(f"report: {out_dir / 'report.json'}")
     sys.stdout.flush()

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from leaktrace import procfs
 from leaktrace.discover import discover, instances
 
 
@@ -18,6 +19,8 @@ def ps(as_json: bool, all_processes: bool, pids: tuple[int, ...], no_metrics: bo
     """List vLLM servers (API server, EngineCore, workers, DP coordinator), P/D proxies and other
     processes that map UCX/NIXL/NCCL, with each one's label, instance, P/D role, port, libraries of
     interest and settings (each value with where it was read)."""
+    for pid in pids:
+        procfs.require_pid(pid)  # no such process: one line, exit 3 (not an empty listing)
     procs = discover(list(pids) or None, with_metrics=not no_metrics, all_processes=all_processes)
     if as_json:
         click.echo(json.dumps(procs, indent=2, default=str))

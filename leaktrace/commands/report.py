@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from leaktrace.errors import UsageError
+from leaktrace.outdir import absolute
 
 
 @click.command("report")
@@ -24,7 +23,7 @@ def report(session_dir: str, formats: str, to_stdout: bool) -> None:
     bad = [f for f in fmts if f not in ("json", "md", "html", "folded")]
     if bad:
         raise UsageError(f"unknown format(s): {', '.join(bad)} (choose from json, md, html, folded)")
-    rep = render_session(Path(session_dir), formats=fmts)
+    rep = render_session(absolute(session_dir), formats=fmts)
     if to_stdout:
         click.echo(json.dumps(rep, indent=2, default=str))
     else:
