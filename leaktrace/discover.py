@@ -194,7 +194,11 @@ def _scan() -> tuple[dict[int, dict[str, Any]], dict[int, list[int]]]:
 
 def _label(p: dict[str, Any]) -> tuple[str, str | None]:
     """(label, title or kind detail)."""
-    argv = p["argv"]
+    return classify_argv(p["argv"])
+
+
+def classify_argv(argv: list[str]) -> tuple[str, str | None]:
+    """(label in :data:`LABELS`, title or kind detail) of a process from its command line alone."""
     title = argv[0] if argv else ""
     m = TITLE_RE.match(title)
     if m:

@@ -87,7 +87,12 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
     top = [c for c in rep["culprits"] if c["pid"] in worker_pids]
     assert top, rep["culprits"]
     c = top[0]
-    assert c["instance"] == decode.pid and "Worker" in (c.get("process_label") or "")
+    assert c["instance"] == decode.pid and c["process_label"] == "worker"
+    assert c["process_title"].startswith("VLLM::Worker"), c["process_title"]
+    # One vocabulary everywhere: report.json's processes say what `ps --json` says, titles beside.
+    by_pid = {p["pid"]: p for p in rep["processes"]}
+    assert by_pid[c["pid"]]["label"] == "worker" and by_pid[c["pid"]]["title"] == c["process_title"]
+    assert by_pid[decode.pid]["label"] == "api-server"
     assert 8 < c["mb_per_min"] < 40, c  # 2000 munmaps/s x 148 B = 17 MB/min
     if is_root():
         assert c["library"] == "libinvq_leak.so", c

@@ -13,6 +13,7 @@ no rule explains keeps its numbers and stack under the ``unknown`` rule.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import string
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis.growth import MB, class_rate_table, process_rates
+from leaktrace.discover import LABELS, classify_argv
 
 try:
     import tomllib
@@ -150,7 +152,8 @@ class Candidate:
     cls: str = "anon"
     paths: list[str] = field(default_factory=list)
     python: bool = False
-    label: str = "?"
+    label: str = "other"  # the ps vocabulary (api-server, engine-core, worker, …)
+    title: str = "?"  # what the process calls itself (VLLM::Worker_TP0, comm)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -187,6 +190,22 @@ def _is_python(exe: str, comm: str, cmdline: str) -> bool:
     return bool(_PYTHON_EXE.search(exe or "")) or (comm or "").startswith("python")
 
 
+def process_label(recorded: str | None, comm: str, cmdline: str) -> tuple[str, str]:
+    """(label in the ps vocabulary, title) of a recorded process. Sessions record what the hunt knew:
+    a vocabulary word (vLLM discovery), a title (``VLLM::Worker_TP0``) or the comm; the command line
+    decides the rest, as ``leaktrace ps`` does (a retitled process's command line is its title)."""
+    try:
+        argv = [str(a) for a in json.loads(cmdline or "[]")]
+    except (ValueError, TypeError):
+        argv = []
+    label, title = classify_argv(argv)
+    if recorded in LABELS and recorded != "other":
+        label = recorded
+    elif recorded and recorded not in LABELS:
+        title = title or recorded
+    return label, title or comm or "?"
+
+
 def process_info(reader: Any) -> dict[int, dict[str, Any]]:
     procs = reader.table("processes")
     labels = reader.meta.get("labels", {}) or {}
@@ -194,8 +213,9 @@ def process_info(reader: Any) -> dict[int, dict[str, Any]]:
     if not procs.empty:
         seen = procs[procs["event"] == "seen"].drop_duplicates("pid", keep="first")
         for r in seen.itertuples():
+            label, title = process_label(labels.get(str(r.pid)) or r.label, r.comm, r.cmdline)
             info[int(r.pid)] = {"ppid": int(r.ppid), "comm": r.comm, "exe": r.exe, "cmdline": r.cmdline,
-                                "label": labels.get(str(r.pid)) or r.label or r.comm,
+                                "label": label, "title": title,
                                 "python": _is_python(r.exe, r.comm, r.cmdline)}
     return info
 
@@ -265,7 +285,7 @@ def ledger_candidates(reader: Any, info: dict[int, dict[str, Any]], warnings: li
             stack=[str(f) for f in (c.get("stack") or [])], evidence=[str(e) for e in (c.get("evidence") or [])],
             outstanding_bytes=int(c.get("outstanding_bytes") or 0),
             cls="heap" if kind == "malloc-heap" else "anon", python=p.get("python", False),
-            label=p.get("label", "?"),
+            label=p.get("label", "other"), title=p.get("title", "?"),
             extra={k: v for k, v in c.items() if k not in ("kind", "pid", "mb_per_min", "library", "stack",
                                                            "evidence", "outstanding_bytes")}))
     return out, True
@@ -306,7 +326,7 @@ def watcher_candidates(reader: Any, procs: pd.DataFrame, info: dict[int, dict[st
                           "(GC-tracked objects) tells Python objects from native memory")
             out.append(Candidate(kind=KIND_OF_CLASS.get(cls, "other"), pid=pid, mb_per_min=mbm, source="watcher",
                                  cls=cls, evidence=ev, paths=paths, python=pi.get("python", False),
-                                 label=pi.get("label", "?"), extra={"confidence": conf}))
+                                 label=pi.get("label", "other"), title=pi.get("title", "?"), extra={"confidence": conf}))
     return out
 
 
@@ -377,7 +397,7 @@ def python_candidates(procs: pd.DataFrame, info: dict[int, dict[str, Any]], pyhe
         if ev:
             out.append(Candidate(kind="python-heap", pid=pid, mb_per_min=float(p["rss_mb_per_min"]), source="pyheap"
                                  if ph else "ledger-gap", library=None, cls="python", python=True,
-                                 label=pi.get("label", "?"), evidence=ev))
+                                 label=pi.get("label", "other"), title=pi.get("title", "?"), evidence=ev))
     return out
 
 
@@ -390,10 +410,10 @@ def explain(c: Candidate, rules: list[Rule], reader: Any) -> dict[str, Any]:
     rule = (next((r for r in rules if r.matches_library(c)), None) if by_library else None) \
         or next((r for r in rules if r.matches(c)), None)
     fields = {
-        "library": c.library, "pid": c.pid, "label": c.label, "mb_per_min": f"{c.mb_per_min:.2f}",
+        "library": c.library, "pid": c.pid, "label": c.title, "mb_per_min": f"{c.mb_per_min:.2f}",
         "outstanding_mb": f"{c.outstanding_bytes / MB:.1f}" if c.outstanding_bytes else None, "cls": c.cls,
         "paths": summarize_paths(c.paths) if c.paths else None,
-        "owner": f"pid {c.pid} ({c.label})", "allocating_library": allocating_library(c.stack) or c.library,
+        "owner": f"pid {c.pid} ({c.title})", "allocating_library": allocating_library(c.stack) or c.library,
         "ucx_effective": ucx_effective(reader, c.pid) if rule is not None and rule.id.startswith("ucx") else None,
     }
     evidence = list(c.evidence)
@@ -409,7 +429,7 @@ def explain(c: Candidate, rules: list[Rule], reader: Any) -> dict[str, Any]:
         remedy += (" " if remedy else "") + "(Watcher only: run the hunt as root with the eBPF probe to name "\
             "the calling library and its stack.)"
     out: dict[str, Any] = {
-        "kind": kind, "library": c.library, "pid": c.pid, "process_label": c.label,
+        "kind": kind, "library": c.library, "pid": c.pid, "process_label": c.label, "process_title": c.title,
         "mb_per_min": round(c.mb_per_min, 4), "outstanding_bytes": int(c.outstanding_bytes),
         "stack": c.stack, "evidence": evidence, "remedy": remedy, "finding": finding,
         "rule": rule.id if rule else None, "rule_title": rule.title if rule else None,

@@ -30,12 +30,12 @@ __all__ = ["REPORT_SCHEMA", "THRESHOLDS", "build_report", "process_table"]
 def process_table(reader: Any, info: dict[int, dict[str, Any]] | None = None) -> pd.DataFrame:
     rollup = reader.table("rollup")
     if rollup.empty:
-        return pd.DataFrame(columns=["pid", "ppid", "label", "t_first", "t_last"])
+        return pd.DataFrame(columns=["pid", "ppid", "label", "title", "t_first", "t_last"])
     rates = process_rates(rollup)
     info = info if info is not None else process_info(reader)
-    labels = reader.meta.get("labels", {}) or {}
     rates["ppid"] = [info.get(p, {}).get("ppid", -1) for p in rates["pid"]]
-    rates["label"] = [labels.get(str(p)) or info.get(p, {}).get("label", "?") for p in rates["pid"]]
+    rates["label"] = [info.get(p, {}).get("label", "other") for p in rates["pid"]]
+    rates["title"] = [info.get(p, {}).get("title", "?") for p in rates["pid"]]
     rates["comm"] = [info.get(p, {}).get("comm", "") for p in rates["pid"]]
     exited = reader.meta.get("exited", {}) or {}
     rates["exited_s"] = [exited.get(str(p)) for p in rates["pid"]]
@@ -142,7 +142,8 @@ def build_report(reader: SessionReader, with_first_named: bool = True) -> dict[s
     for _, p in procs.iterrows():
         pid = int(p["pid"])
         row: dict[str, Any] = {
-            "pid": pid, "ppid": int(p["ppid"]), "label": str(p["label"]), "comm": str(p.get("comm", "")),
+            "pid": pid, "ppid": int(p["ppid"]), "label": str(p["label"]), "title": str(p["title"]),
+            "comm": str(p.get("comm", "")),
             "rss_mb_per_min": round(float(p["rss_mb_per_min"]), 4),
             "anon_mb_per_min": round(float(p["anon_mb_per_min"]), 4),
             "uss_mb_per_min": round(float(p["uss_mb_per_min"]), 4),

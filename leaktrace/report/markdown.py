@@ -34,7 +34,7 @@ def render(report: dict[str, Any]) -> str:
     for i, c in enumerate(culprits[:MAX_CULPRITS], 1):
         where = c.get("library") or "library not named"
         lines.append(f"**{i}. {c.get('rule_title') or c['kind']} — `{where}`** (pid {c['pid']} "
-                     f"{c.get('process_label') or ''}): **{c['mb_per_min']:.2f} MB/min**"
+                     f"{c.get('process_title') or c.get('process_label') or ''}): **{c['mb_per_min']:.2f} MB/min**"
                      + (f", {c['outstanding_bytes'] / 2**20:.1f} MB outstanding" if c.get("outstanding_bytes") else "")
                      + (f", named {c['first_named_s']:.1f} s after attach" if c.get("first_named_s") is not None
                         else ""))
@@ -52,10 +52,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append("")
     if len(culprits) > MAX_CULPRITS:
         lines += [f"({len(culprits) - MAX_CULPRITS} more in report.json)", ""]
-    lines += ["### Processes", "", "| pid | ppid | label | RSS MB/min | anon MB/min | USS MB/min | confidence | RSS MB |",
-              "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines += ["### Processes", "", "| pid | ppid | label | title | RSS MB/min | anon MB/min | USS MB/min | confidence | RSS MB |",
+              "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     for p in report["processes"]:
-        lines.append(f"| {p['pid']} | {p['ppid']} | {p['label']} | {p['rss_mb_per_min']:.2f} | "
+        lines.append(f"| {p['pid']} | {p['ppid']} | {p['label']} | {p.get('title', '')} | {p['rss_mb_per_min']:.2f} | "
                      f"{p['anon_mb_per_min']:.2f} | {p['uss_mb_per_min']:.2f} | {_f(p.get('rss_confidence'))} | "
                      f"{_f(p.get('rss_last_mb'), '.1f')} |")
     gbc = report.get("growth_by_class") or {}
