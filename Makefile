@@ -1,17 +1,22 @@
-# The two commands of the README. Both do all set-up (apt + .venv/) on a fresh machine first.
-.PHONY: setup demo test bench lint
+# The two commands of the README. Both do their own set-up (apt + .venv/) on a fresh machine first:
+# `make demo` only what the demo needs, `make test` everything the suite runs against.
+.PHONY: setup setup-test demo test bench lint
 
 setup:
 	bash .ci/setup.sh
 
-demo: setup
-	.venv/bin/leaktrace demo --out leaktrace-demo
+setup-test:
+	bash .ci/setup-test.sh
 
-test: setup
+# --force: a second `make demo` replaces the previous demo session (atomically) instead of refusing it.
+demo: setup
+	.venv/bin/leaktrace demo --out leaktrace-demo --force
+
+test: setup-test
 	bash .ci/test.sh
 
-bench: setup
+bench: setup-test
 	.venv/bin/python -m bench
 
-lint: setup
+lint: setup-test
 	.venv/bin/ruff check leaktrace tests bench
