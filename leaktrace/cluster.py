@@ -19,6 +19,7 @@ Ray is imported only on the driver side of ``cluster hunt``; merging and ``clust
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -36,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leaktrace.errors import ClusterError, SessionError, UsageError
+from leaktrace import procfs
+from leaktrace.errors import ClusterError, LeaktraceError, SessionError, UsageError
 
 CLUSTER_SCHEMA = "leaktrace.cluster/1"
 CLUSTER_META = "cluster.json"
@@ -44,6 +46,8 @@ NODES_DIR = "nodes"
 INSTALL_HINT = "pip install 'leaktrace[cluster]'"
 # Seconds a node may take beyond --duration: Ray worker start, probe attach, report rendering, transfer.
 DEFAULT_GRACE_S = 120.0
+# After Ctrl-C: how long the driver waits for the stopped node hunts to answer with their sessions.
+STOP_GRACE_S = 60.0
 
 
 # --------------------------------------------------------------------------------------------- request
@@ -232,7 +236,8 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
         out = Path(request["shared_dir"]) / f"leaktrace-{request['run_id']}" / label
         cleanup = None
     else:
-        cleanup = Path(tempfile.mkdtemp(prefix="leaktrace-node-"))
+        # The run id in the path lets stop_node_hunts() find this hunt by its command line.
+        cleanup = Path(tempfile.mkdtemp(prefix=f"leaktrace-node-{request['run_id']}-"))
         out = cleanup / "session"
     argv += ["--out", str(out)]
     timeout = float(request["timeout_s"]) - 5.0  # leave the task time to pack and answer
@@ -273,6 +278,26 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
     return _finish(result, t0)
+
+
+def stop_node_hunts(run_id: str) -> list[int]:
+    """Ctrl-C of the driver, on one node: SIGINT every `leaktrace hunt` of cluster run ``run_id`` (its
+    --out names the run), as a Ctrl-C would. Each stops cleanly and its task answers with the session."""
+    stopped = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = procfs.read_cmdline(int(entry.name))
+        except LeaktraceError:
+            continue
+        if "leaktrace" in argv[:3] and "hunt" in argv and any(run_id in a for a in argv):
+            try:
+                os.kill(int(entry.name), signal.SIGINT)
+                stopped.append(int(entry.name))
+            except OSError:
+                pass
+    return stopped
 
 
 def _vllm_roots() -> list[int] | None:
@@ -426,12 +451,8 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
     remote = ray.remote(num_cpus=0, max_retries=0)(run_node_hunt)
     pending: dict[Any, dict[str, Any]] = {}
     for n in nodes:
-        try:  # fail at once (not wait) when the node died between listing and scheduling
-            strategy = NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False, _fail_on_unavailable=True)
-        except TypeError:  # older Ray
-            strategy = NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)
-        ref = remote.options(scheduling_strategy=strategy, name=f"leaktrace-hunt-{n['NodeManagerHostname']}") \
-            .remote(wire, pids_for(n, request))
+        ref = remote.options(scheduling_strategy=_affinity(NodeAffinitySchedulingStrategy, n),
+                             name=f"leaktrace-hunt-{n['NodeManagerHostname']}").remote(wire, pids_for(n, request))
         pending[ref] = n
     answers: dict[str, dict[str, Any]] = {}
     # The node stops its own hunt at timeout_s and still answers with what it has; the driver waits a
@@ -440,20 +461,24 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
     missing_reason = f"no answer within {request.timeout_s + 30.0:.0f}s"
     interrupted = False
     try:
-        while pending and time.monotonic() < deadline:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
-            for ref in ready:
-                n = pending.pop(ref)
-                try:
-                    answers[n["NodeID"]] = ray.get(ref, timeout=60)
-                except Exception as e:  # noqa: BLE001 - a task/node failure is that node's result
-                    answers[n["NodeID"]] = {"status": "failed", "reason": _task_failure_reason(e)}
-                a = answers[n["NodeID"]]
-                log(f"node {n.get('NodeManagerHostname')}: {a['status']}"
-                    + (f" ({a.get('reason')})" if a.get("reason") else ""))
-    except KeyboardInterrupt:
-        interrupted = True
-        missing_reason = "interrupted (Ctrl-C) before this node answered"
+        try:
+            _collect(ray, pending, answers, deadline, log)
+        except KeyboardInterrupt:
+            # Ctrl-C: as for `hunt`, stop every node's hunt cleanly (SIGINT there), then collect the
+            # sessions they write. A second Ctrl-C stops waiting.
+            interrupted = True
+            missing_reason = "interrupted (Ctrl-C) before this node answered"
+            log(f"interrupted: stopping the hunts on {len(pending)} node(s) (Ctrl-C again to stop waiting)")
+            stop = ray.remote(num_cpus=0, max_retries=0)(stop_node_hunts)
+            stops = {stop.options(scheduling_strategy=_affinity(NodeAffinitySchedulingStrategy, n)).remote(run_id): n
+                     for n in pending.values()}
+            with contextlib.suppress(KeyboardInterrupt):
+                grace = time.monotonic() + STOP_GRACE_S
+                done, _ = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_GRACE_S / 2)
+                for ref in done:
+                    with contextlib.suppress(Exception):
+                        log(f"node {stops[ref].get('NodeManagerHostname')}: stopped {len(ray.get(ref))} hunt(s)")
+                _collect(ray, pending, answers, grace, log)
     finally:
         for ref, n in pending.items():
             answers.setdefault(n["NodeID"], {"status": "failed", "reason": missing_reason})
@@ -485,14 +510,34 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
         "request": {k: v for k, v in asdict(request).items() if k != "pids"} | {
             "pids": [asdict(p) for p in request.pids]},
         "argv": sys.argv, "start_wall": started_wall, "end_wall": time.time(), "nodes": node_entries,
+        "stop_reason": "interrupted (Ctrl-C)" if interrupted else "completed",
     }
     _atomic_write(out / CLUSTER_META, json.dumps(meta, indent=2, default=str))
-    report = render_cluster(out)
-    if interrupted:
-        from leaktrace.errors import Interrupted
+    # Stopped by Ctrl-C is a completed hunt, as for `hunt`: the report is written, exit status 0.
+    return render_cluster(out)
 
-        raise Interrupted(f"cluster hunt interrupted; the nodes that answered are in {out / 'report.json'}")
-    return report
+
+def _affinity(strategy_cls: Any, node: dict[str, Any]) -> Any:
+    try:  # fail at once (not wait) when the node died between listing and scheduling
+        return strategy_cls(node_id=node["NodeID"], soft=False, _fail_on_unavailable=True)
+    except TypeError:  # older Ray
+        return strategy_cls(node_id=node["NodeID"], soft=False)
+
+
+def _collect(ray: Any, pending: dict[Any, dict[str, Any]], answers: dict[str, dict[str, Any]], deadline: float,
+             log: Callable[[str], None]) -> None:
+    """Wait for node answers until ``pending`` is empty or ``deadline`` (monotonic) passes."""
+    while pending and time.monotonic() < deadline:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+        for ref in ready:
+            n = pending.pop(ref)
+            try:
+                answers[n["NodeID"]] = ray.get(ref, timeout=60)
+            except Exception as e:  # noqa: BLE001 - a task/node failure is that node's result
+                answers[n["NodeID"]] = {"status": "failed", "reason": _task_failure_reason(e)}
+            a = answers[n["NodeID"]]
+            log(f"node {n.get('NodeManagerHostname')}: {a['status']}"
+                + (f" ({a.get('reason')})" if a.get("reason") else ""))
 
 
 def _untar(data: bytes, dest: Path) -> None:
@@ -635,7 +680,8 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
         "verdict": verdict,
         "duration_s": round(max(durations), 3) if durations else 0.0,
         "attach_s": round(max(attach), 3) if attach else None,
-        "stop_reason": f"cluster: {len(nodes_out) - len(failed)} node(s) ok, {len(failed)} failed",
+        "stop_reason": (f"{meta['stop_reason']}; " if meta.get("stop_reason", "completed") != "completed" else "")
+        + f"cluster: {len(nodes_out) - len(failed)} node(s) ok, {len(failed)} failed",
         "address": meta.get("address"),
         "targets": meta.get("targets"),
         "processes": processes,

@@ -72,8 +72,12 @@ class _StopFlag:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        for sig in sigs:
             self._old[sig] = signal.signal(sig, self._handler)
+        # A hunt started by a process that blocks these (a Ray worker does) inherits the mask across
+        # exec(): unblocked, or Ctrl-C forwarded by a cluster driver would stay pending for ever.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
 
     def _handler(self, signum: int, frame: Any) -> None:
         if not self.event.is_set():
