@@ -1,0 +1,34 @@
+"""Golden report tests (tests/golden.py): each recorded session renders exactly its expected reports,
+and every reporter path runs on it (JSON, Markdown, HTML with its plots, the folded flame graph)."""
+
+from __future__ import annotations
+
+import difflib
+
+import pytest
+from golden import COMPARED, GOLDEN, normalized, render, sessions
+
+
+@pytest.mark.parametrize("name", sessions())
+def test_report_matches_golden(name, tmp_path):
+    out = render(name, tmp_path)
+    for f in COMPARED:
+        got, want = normalized(out / f), (GOLDEN / name / "expected" / f).read_text()
+        if got != want:
+            diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), "expected", "rendered",
+                                                n=2))
+            pytest.fail(f"{name}/{f} differs from the golden (re-render on purpose: python tests/golden.py):\n"
+                        f"{diff[:6000]}")
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") + html.count("data:image/png") >= 1, "report.html has no plot"
+
+
+def test_goldens_cover_the_verdicts_and_the_ledger():
+    """The set pins a leak named by the eBPF ledger (demo, real UCX 1.20.1) and a clean churner."""
+    import json
+
+    reports = {n: json.loads((GOLDEN / n / "expected" / "report.json").read_text()) for n in sessions()}
+    assert {r["verdict"] for r in reports.values()} == {"leak", "no-leak"}
+    assert reports["demo"]["culprits"][0]["library"] == "libxfer_demo.so"
+    assert reports["ucx"]["culprits"][0]["library"].startswith("libucm")
+    assert reports["churn"]["culprits"] == [] and reports["churn"]["ledger"]["events"] > 10000
