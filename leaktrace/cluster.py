@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace import procfs
+from leaktrace.discover import vllm_targets
 from leaktrace.errors import ClusterError, LeaktraceError, SessionError, UsageError
 
 CLUSTER_SCHEMA = "leaktrace.cluster/1"
@@ -301,11 +302,7 @@ def stop_node_hunts(run_id: str) -> list[int]:
 
 
 def _vllm_roots() -> list[int] | None:
-    """The vLLM servers on this node (None: discovery not in this build; the hunt then decides)."""
-    try:
-        from leaktrace.discover import vllm_targets
-    except ImportError:
-        return None
+    """The vLLM servers on this node (None: discovery failed; the hunt then decides and says why)."""
     try:
         return list(vllm_targets())
     except Exception:  # noqa: BLE001 - let `leaktrace hunt --vllm` report the problem in its own words

@@ -3,7 +3,6 @@ Ctrl-C, SIGTERM, every target gone), closes the session, then runs analysis and 
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -17,22 +16,29 @@ from typing import Any
 from leaktrace import outdir, procfs
 from leaktrace.errors import LeaktraceError, NoSuchProcess, OutputNotWritable
 from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
+from leaktrace.probes.bpf import BpfProbe
+from leaktrace.probes.exporter import PrometheusExporter
+from leaktrace.probes.gdb import GdbProbe
+from leaktrace.probes.metrics import MetricsProbe
+from leaktrace.probes.pyheap import PyHeapProbe
+from leaktrace.probes.ucx_state import UcxStateProbe
+from leaktrace.probes.vllm import VllmProbe
 from leaktrace.probes.watcher import WatcherProbe
 from leaktrace.session import SessionWriter
 from leaktrace.targetlock import TargetLocks
 
-# Optional probes: (name, "module:Class", enabled(options)). Each class is built as Class(options).
-# A probe whose module is absent or that raises a LeaktraceError on start is skipped with a warning,
-# unless it sets ``required = True`` (then the hunt stops with that error, the session kept).
-OPTIONAL_PROBES: list[tuple[str, str, Callable[[HuntOptions], bool]]] = [
-    ("vllm", "leaktrace.probes.vllm:VllmProbe", lambda o: o.vllm),
-    ("bpf", "leaktrace.probes.bpf:BpfProbe", lambda o: o.bpf),
-    ("gdb", "leaktrace.probes.gdb:GdbProbe", lambda o: o.gdb and o.gdb_samples != 0),
-    ("metrics", "leaktrace.probes.metrics:MetricsProbe", lambda o: bool(o.metrics_urls) or o.vllm),
-    ("pyheap", "leaktrace.probes.pyheap:PyHeapProbe", lambda o: o.pyheap),
+# The probes beside the watcher: (name, class, enabled(options)). Each class is built as Class(options).
+# A probe that raises a LeaktraceError on start is skipped with a warning, unless it sets
+# ``required = True`` (then the hunt stops with that error, the session kept).
+PROBES: list[tuple[str, type, Callable[[HuntOptions], bool]]] = [
+    ("vllm", VllmProbe, lambda o: o.vllm),
+    ("bpf", BpfProbe, lambda o: o.bpf),
+    ("gdb", GdbProbe, lambda o: o.gdb and o.gdb_samples != 0),
+    ("metrics", MetricsProbe, lambda o: bool(o.metrics_urls) or o.vllm),
+    ("pyheap", PyHeapProbe, lambda o: o.pyheap),
     # Effective UCX state (hooks, hook mode, rcache limits) of targets that map UCX: cheap, always on.
-    ("ucx", "leaktrace.probes.ucx_state:UcxStateProbe", lambda o: True),
-    ("exporter", "leaktrace.probes.exporter:PrometheusExporter", lambda o: o.prometheus_port is not None),
+    ("ucx", UcxStateProbe, lambda o: True),
+    ("exporter", PrometheusExporter, lambda o: o.prometheus_port is not None),
 ]
 
 
@@ -46,18 +52,7 @@ class HuntResult:
 
 
 def build_probes(options: HuntOptions, log: Callable[[str], None]) -> list[Any]:
-    probes: list[Any] = [WatcherProbe(options)]
-    for name, spec, enabled in OPTIONAL_PROBES:
-        if not enabled(options):
-            continue
-        mod_name, cls_name = spec.split(":")
-        try:
-            cls = getattr(importlib.import_module(mod_name), cls_name)
-        except (ImportError, AttributeError) as e:
-            log(f"warning: probe {name} unavailable in this build ({e})")
-            continue
-        probes.append(cls(options))
-    return probes
+    return [WatcherProbe(options)] + [cls(options) for _name, cls, enabled in PROBES if enabled(options)]
 
 
 class _StopFlag:

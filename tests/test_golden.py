@@ -32,3 +32,24 @@ def test_goldens_cover_the_verdicts_and_the_ledger():
     assert reports["demo"]["culprits"][0]["library"] == "libxfer_demo.so"
     assert reports["ucx"]["culprits"][0]["library"].startswith("libucm")
     assert reports["churn"]["culprits"] == [] and reports["churn"]["ledger"]["events"] > 10000
+
+
+def test_every_flame_graph_source_runs(tmp_path):
+    """The flame graph comes from the eBPF ledger's outstanding regions when the hunt had them, else from
+    the culprits' stacks, else from the watcher's classes: each path runs on a real session."""
+    import json
+
+    from leaktrace.report.flame import collect_stacks
+    from leaktrace.session import SessionReader
+
+    demo = render("demo", tmp_path)
+    report = json.loads((demo / "report.json").read_text())
+    stacks, source = collect_stacks(report, SessionReader(demo))
+    assert source == "ledger" and any("libxfer_demo.so!xfer_send" in ";".join(f) for f, _ in stacks)
+    # The ledger's outstanding bytes are what the flame graph weighs (pre-existing regions left out).
+    assert sum(n for _, n in stacks) == pytest.approx(report["culprits"][0]["outstanding_bytes"], rel=0.05)
+    stacks, source = collect_stacks(report, None)
+    assert source == "culprits" and stacks[0][1] == report["culprits"][0]["outstanding_bytes"]
+    report["culprits"] = []
+    stacks, source = collect_stacks(report, None)
+    assert source == "watcher-classes" and any(f[-1] == "[anon]" for f, _ in stacks)

@@ -12,18 +12,18 @@ no rule explains keeps its numbers and stack under the ``unknown`` rule.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import string
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
 from leaktrace.analysis.growth import MB, class_rate_table, process_rates
+from leaktrace.analysis.ledger import native_culprits
 from leaktrace.discover import LABELS, classify_argv
 
 try:
@@ -51,14 +51,6 @@ KIND_OF_CLASS = {"anon": "native-mmap", "arena": "malloc-heap", "heap": "malloc-
 _PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
 _LIB_IN_FRAME = re.compile(r"([A-Za-z0-9_.+-]+\.so(?:[.-][A-Za-z0-9_.-]*)?)")
 _LIBC = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
-
-
-def optional(module: str, func: str) -> Callable[..., Any] | None:
-    """A function from another part of leaktrace that may not exist in this build."""
-    try:
-        return getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError):
-        return None
 
 
 # --------------------------------------------------------------------------- rules
@@ -264,11 +256,10 @@ def ucx_effective(reader: Any, pid: int) -> str | None:
 def ledger_candidates(reader: Any, info: dict[int, dict[str, Any]], warnings: list[str],
                       th: dict[str, float] = THRESHOLDS) -> tuple[list[Candidate], bool]:
     """(candidates named by the eBPF ledger, whether the ledger ran)."""
-    native = optional("leaktrace.analysis.ledger", "native_culprits")
-    if native is None or not any(t.startswith("ledger") for t in reader.tables()):
+    if not any(t.startswith("ledger") for t in reader.tables()):
         return [], False
     try:
-        found = native(reader) or []
+        found = native_culprits(reader) or []
     except Exception as e:  # noqa: BLE001 - the ledger analysis failing must not lose the report
         warnings.append(f"ledger analysis failed: {e.__class__.__name__}: {e}")
         return [], False
@@ -488,10 +479,7 @@ def find_culprits(reader: Any, procs: pd.DataFrame, info: dict[int, dict[str, An
 
 def _gdb_stacks_through(reader: Any, pid: int, site: str) -> list[list[str]]:
     """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site."""
-    samples_fn = optional("leaktrace.analysis.gdbjoin", "gdb_samples")
-    if samples_fn is None:
-        return []
-    df = samples_fn(reader)
+    df = gdb_samples(reader)
     if df.empty or "stack" not in df.columns:
         return []
     df = df[df["pid"] == pid]
@@ -506,8 +494,7 @@ def _add_gdb_stacks(reader: Any, cands: list[Candidate], warnings: list[str]) ->
     """Fuller call paths from gdb (DWARF unwinding, no frame pointers needed). With a ledger stack, only a
     gdb stack through the same call site is used: other samples of the library may be innocent paths
     (the same .so also maps and unmaps at once elsewhere)."""
-    gdb_stack_for = optional("leaktrace.analysis.gdbjoin", "gdb_stack_for")
-    if gdb_stack_for is None or "gdb_samples" not in reader.tables():
+    if "gdb_samples" not in reader.tables():
         return
     for c in cands:
         try:

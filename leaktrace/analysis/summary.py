@@ -11,14 +11,15 @@ from typing import Any
 
 import pandas as pd
 
+from leaktrace.analysis import load
 from leaktrace.analysis.culprits import (
     THRESHOLDS,
     find_culprits,
     first_named,
-    optional,
     process_info,
 )
 from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
+from leaktrace.analysis.ledger import ledger_summary
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
 from leaktrace.session import SessionReader
 
@@ -44,11 +45,10 @@ def process_table(reader: Any, info: dict[int, dict[str, Any]] | None = None) ->
 
 def _ledger_block(reader: Any, warnings: list[str]) -> dict[str, Any]:
     ledger: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0, "available": False}
-    summary = optional("leaktrace.analysis.ledger", "ledger_summary")
-    if summary is None or not any(t.startswith("ledger") for t in reader.tables()):
+    if not any(t.startswith("ledger") for t in reader.tables()):
         return ledger
     try:
-        ledger.update(summary(reader) or {})
+        ledger.update(ledger_summary(reader) or {})
         ledger["available"] = True
     except Exception as e:  # noqa: BLE001 - a failing optional analysis must not lose the report
         warnings.append(f"ledger summary failed: {e.__class__.__name__}: {e}")
@@ -58,10 +58,7 @@ def _ledger_block(reader: Any, warnings: list[str]) -> dict[str, Any]:
 def _load_blocks(reader: Any, warnings: list[str]) -> dict[str, Any]:
     """``instances`` and ``load`` from the vLLM/metrics analysis, when it exists and has data."""
     out: dict[str, Any] = {}
-    for name in ("instances", "load"):
-        fn = optional("leaktrace.analysis.load", name)
-        if fn is None:
-            continue
+    for name, fn in (("instances", load.instances), ("load", load.load)):
         try:
             val = fn(reader)
         except Exception as e:  # noqa: BLE001
@@ -69,13 +66,6 @@ def _load_blocks(reader: Any, warnings: list[str]) -> dict[str, Any]:
             continue
         if val:
             out[name] = val
-    combined = optional("leaktrace.analysis.load", "load_summary")
-    if combined is not None and not out:
-        try:
-            val = combined(reader) or {}
-            out.update({k: v for k, v in val.items() if k in ("instances", "load") and v})
-        except Exception as e:  # noqa: BLE001
-            warnings.append(f"load analysis failed: {e.__class__.__name__}: {e}")
     return out
 
 

@@ -14,7 +14,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from leaktrace.analysis.culprits import optional
 from leaktrace.analysis.growth import MB
 
 Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
@@ -22,31 +21,6 @@ Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
 
 def _clean_frame(f: str) -> str:
     return str(f).replace(";", ",").replace("\n", " ").strip() or "?"
-
-
-def _from_ledger(reader: Any) -> Stacks:
-    fn = optional("leaktrace.analysis.ledger", "outstanding_by_stack")
-    if fn is None or reader is None:
-        return []
-    try:
-        rows = fn(reader)
-    except Exception:  # noqa: BLE001 - the flame graph is optional; culprit stacks remain
-        return []
-    if hasattr(rows, "to_dict"):
-        rows = rows.to_dict("records")
-    out: Stacks = []
-    for r in rows or []:
-        if isinstance(r, dict):
-            stack = r.get("stack") or []
-            size = r.get("outstanding_bytes", r.get("bytes", 0))
-            prefix = [f"{r['process_label']} ({r['pid']})"] if r.get("pid") is not None and r.get("process_label") \
-                else ([f"pid {r['pid']}"] if r.get("pid") is not None else [])
-        else:
-            stack, size = r[0], r[1]
-            prefix = []
-        if size and int(size) > 0:
-            out.append((prefix + [_clean_frame(f) for f in reversed(list(stack))], int(size)))
-    return out
 
 
 def _from_ledger_tables(reader: Any) -> Stacks:
@@ -77,12 +51,10 @@ def _from_ledger_tables(reader: Any) -> Stacks:
 
 def collect_stacks(report: dict[str, Any], reader: Any = None) -> tuple[Stacks, str]:
     """(stacks, source) where source is "ledger", "culprits" or "watcher-classes"."""
-    stacks = _from_ledger(reader) or _from_ledger_tables(reader)
+    stacks = _from_ledger_tables(reader)
     if stacks:
         labels = {f"pid {p['pid']}": f"{p['label']} ({p['pid']})" for p in report.get("processes", [])}
         return [([labels.get(fr[0], fr[0]), *fr[1:]], n) for fr, n in stacks], "ledger"
-    if stacks:
-        return stacks, "ledger"
     for c in report.get("culprits", []):
         if c.get("stack") and c.get("outstanding_bytes"):
             frames = [f"{c.get('process_label') or '?'} ({c['pid']})"]

@@ -108,13 +108,10 @@ def _snapshots_by_library(reader: Any, top: int = 8) -> pd.DataFrame | None:
 
 
 def _ledger_over_time_svg(reader: Any) -> str:
-    from leaktrace.analysis.culprits import optional
-
     if reader is None:
         return ""
-    fn = optional("leaktrace.analysis.ledger", "outstanding_over_time")
     try:
-        df = fn(reader) if fn is not None else _snapshots_by_library(reader)
+        df = _snapshots_by_library(reader)
     except Exception:  # noqa: BLE001 - optional plot
         return ""
     if df is None or len(df) == 0 or not {"t", "bytes"} <= set(df.columns):
