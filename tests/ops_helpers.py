@@ -43,6 +43,37 @@ def wait_attached(out: Path, timeout: float = 60) -> bool:
     return wait_for(ok, timeout=timeout, step=0.2)
 
 
+def live_rollup(out: Path):
+    """The rollup table of a session being written (empty DataFrame until its first part)."""
+    import pandas as pd
+
+    from leaktrace.errors import SessionError
+    from leaktrace.session import SessionReader
+
+    try:
+        return SessionReader(out).table("rollup")
+    except (SessionError, OSError, ValueError):
+        return pd.DataFrame(columns=["t", "pid", "rss"])
+
+
+def wait_rollup(out: Path, rows: int = 1, span_s: float = 0.0, timeout: float = 120) -> bool:
+    """Until the session's rollup holds ≥ ``rows`` rows covering ≥ ``span_s`` seconds of hunt time: a
+    wait on the hunt's own progress (its ticks on disk), not on the wall clock."""
+
+    def ok() -> bool:
+        r = live_rollup(out)
+        return len(r) >= rows and (float(r["t"].max() - r["t"].min()) if len(r) else 0.0) >= span_s
+
+    return wait_for(ok, timeout=timeout, step=0.25)
+
+
+def session_now(out: Path) -> float:
+    """The session's clock (``t`` of its tables: CLOCK_MONOTONIC since the hunt started) read here."""
+    import json
+
+    return time.monotonic() - json.loads((out / "meta.json").read_text())["t0_monotonic"]
+
+
 def proc_status(pid: int) -> dict[str, str]:
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

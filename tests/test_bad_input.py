@@ -89,25 +89,29 @@ def test_smaps_garbage_only_parse_errors(text):
         pass
 
 
+# (line, (key, kB) for a field line else None). The noise lines hold no "kB", so no noise line is a field.
 rollup_lines = st.one_of(
     st.tuples(
         st.sampled_from(["Rss", "Pss", "Anonymous", "Swap", "Private_Dirty", "Pss_Anon"]),
         st.integers(0, 2**40),
-    ).map(lambda kv: f"{kv[0]}:   {kv[1]} kB"),
-    st.just("55d0c0000000-7ffd5c7f2000 ---p 00000000 00:00 0                          [rollup]"),
-    st.text(max_size=80).filter(lambda s: "\n" not in s),
+    ).map(lambda kv: (f"{kv[0]}:   {kv[1]} kB", kv)),
+    st.just(("55d0c0000000-7ffd5c7f2000 ---p 00000000 00:00 0                          [rollup]", None)),
+    st.text(max_size=80).filter(lambda s: "\n" not in s and "kB" not in s).map(lambda s: (s, None)),
 )
 
 
 @FUZZ
 @given(st.lists(rollup_lines, max_size=30))
 def test_smaps_rollup_fuzz(lines):
-    text = "\n".join(lines)
-    try:
-        out = procfs.parse_smaps_rollup(text)
-    except ParseError:
+    """Every field line counts (the last one of a key wins), in bytes; nothing else does; no Rss line is
+    a ParseError."""
+    text = "\n".join(ln for ln, _ in lines)
+    want = {k: kb * 1024 for _, kv in lines if kv for k, kb in [kv]}
+    if "Rss" not in want:
+        with pytest.raises(ParseError):
+            procfs.parse_smaps_rollup(text)
         return
-    assert out["Rss"] >= 0 and all(isinstance(v, int) for v in out.values())
+    assert procfs.parse_smaps_rollup(text) == want
 
 
 prom_lines = st.one_of(
@@ -128,21 +132,38 @@ prom_lines = st.one_of(
             "x +Inf",
         ]
     ),
-    st.text(max_size=60).filter(lambda s: "\n" not in s),
+    # noise that never names a vLLM or process metric, so only the lines above can add to a figure
+    st.text(max_size=60).filter(lambda s: "\n" not in s and "vllm" not in s and "process_" not in s),
 )
+
+
+# The valid sample lines above that summarize() counts, with what each adds to which figure.
+PROM_COUNTED = {
+    'vllm:num_requests_running{model_name="m"} 3.0': ("running", 3.0),
+    'vllm:request_success_total{finished_reason="stop",model_name="m"} 12.0': ("requests", 12.0),
+    'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 1e3': ("kv_external_prompt_tokens", 1000.0),
+    "process_resident_memory_bytes 7.4e+08": ("api_rss", 7.4e8),
+}
 
 
 @FUZZ
 @given(st.lists(prom_lines, max_size=20))
 def test_prometheus_text_fuzz(lines):
-    """vLLM /metrics pages, valid or not: a list of samples or a ValueError (the scraper's contract)."""
-    metrics = pytest.importorskip("leaktrace.probes.metrics")
+    """vLLM /metrics pages, valid or not: a list of samples or a ValueError (the scraper's contract); when
+    the page parses, each counted sample line adds its value once to its figure, every other figure is 0."""
+    from leaktrace.probes import metrics
+
     try:
         samples = metrics.parse_metrics("\n".join(lines) + "\n")
     except ValueError:
         return
     summary = metrics.summarize(samples)
-    assert all(isinstance(v, (int, float)) for v in summary.values())
+    want = dict.fromkeys(summary, 0.0)
+    for ln in lines:
+        if ln in PROM_COUNTED:
+            key, v = PROM_COUNTED[ln]
+            want[key] += v
+    assert summary == want, (summary, want)
 
 
 # ----------------------------------------------------------------------------- hostile mappings, for real
@@ -311,8 +332,12 @@ def test_hand_edited_session(good_session, tmp_path, how, rc):
     rep = json.loads((s / "report.json").read_text())
     if how.startswith("part-"):
         assert any("skipped" in w for w in rep["warnings"]), rep["warnings"]
-    if how in ("part-garbage", "part-wrong-types"):  # an extra bad part: the good rows still count
-        assert rep["processes"] and rep["processes"][0]["samples"] >= 4
+    if how in ("part-garbage", "part-wrong-types"):  # an extra bad part: every good row still counts
+        from leaktrace.session import SessionReader
+
+        good_rows = len(SessionReader(good_session).table("rollup"))
+        assert good_rows >= 4
+        assert [p["samples"] for p in rep["processes"]] == [good_rows], (rep["processes"], good_rows)
     else:
         assert rep["verdict"] == "inconclusive"
 

@@ -113,7 +113,8 @@ def test_balanced_churn_is_flat(tmp_path, driver) -> None:
     reader = tr.stop()
     snaps = reader.table("ledger_snapshots")
     lib = snaps[(snaps["library"] == "libbpfleak.so") & (snaps["kind"] == "anon")] if not snaps.empty else snaps
-    assert lib.empty or int(lib["outstanding_bytes"].max()) == 0
+    # Snapshots list only what is outstanding: every churned region was unmapped before its tick.
+    assert lib.empty, lib
     assert not [c for c in native_culprits(reader) if c["library"] == "libbpfleak.so"]
     summary = ledger_summary(reader)
     assert summary["settled_in_kernel"] >= 30000 and summary["lost_events"] == 0

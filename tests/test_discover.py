@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import LEAKTRACE, REPO, is_root, run_cli
 
 from leaktrace import discover as disc
 
@@ -66,8 +68,6 @@ def fake_tree(spawn, tmp_path):
     shutil.copy(TARGETS / "fake_vllm.py", exe)
     api = spawn([sys.executable, exe, "serve", "/models/tiny", "--host", "127.0.0.1", "--port", "18123",
                  "--kv-transfer-config", json.dumps(KV)], env={"UCX_NET_DEVICES": "lo", "VLLM_API_KEY": "s3cret"})
-    line = api.popen.stdout.readline() if False else None  # "ready" consumed by spawn; pids below
-    del line
     proxy = spawn([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)",
                    "--prefiller-ports", "18999", "--decoder-ports", "18123"])
     return api, proxy
@@ -111,14 +111,20 @@ def test_discover_fake_tree(fake_tree) -> None:
 
 
 def test_ps_cli_json_and_text(fake_tree) -> None:
-    api, _proxy = fake_tree
+    api, proxy = fake_tree
     r = run_cli("ps", "--json", "--no-metrics")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     keys = {"pid", "ppid", "label", "instance", "role", "port", "libs", "config"}
     assert rows and all(keys <= set(row) for row in rows)
-    assert all(row["label"] in disc.LABELS and row["role"] in disc.ROLES for row in rows)
-    assert any(row["pid"] == api.pid and row["label"] == "api-server" for row in rows)
+    # The fake tree and its proxy, row by row: the labels, roles and instance the fixture set up.
+    engine, worker = _tree_pids(api.pid)
+    by_pid = {row["pid"]: row for row in rows}
+    want = {api.pid: ("api-server", "decode", api.pid), engine: ("engine-core", "decode", api.pid),
+            worker: ("worker", "decode", api.pid), proxy.pid: ("proxy", "unknown", None)}
+    got = {pid: (by_pid[pid]["label"], by_pid[pid]["role"], by_pid[pid]["instance"]) for pid in want if pid in by_pid}
+    assert got == want, got
+    assert by_pid[api.pid]["port"] == 18123 and by_pid[api.pid]["ppid"] == os.getpid()
     text = run_cli("ps", "--no-metrics")
     assert text.returncode == 0 and f"vLLM instance {api.pid}" in text.stdout and "VLLM::Worker_TP0" in text.stdout
 
@@ -134,9 +140,16 @@ def test_role_without_proxy_is_unknown_when_metrics_down(spawn, tmp_path) -> Non
 
 
 def test_hunt_vllm_without_vllm_says_so(tmp_path) -> None:
-    if disc.vllm_targets():
-        pytest.skip("a vLLM server is running on this host")
-    r = run_cli("hunt", "--vllm", "--duration", "2", "--out", tmp_path / "h")
+    """Run in a fresh PID namespace (root), where no vLLM server can be, so the answer does not depend on
+    what else runs on this host (another test's vLLM, a developer's server)."""
+    if is_root():
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--", *LEAKTRACE, "hunt", "--vllm",
+                            "--duration", "2", "--out", str(tmp_path / "h")],
+                           capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    else:
+        if disc.vllm_targets():
+            pytest.skip("a vLLM server is running on this host (run as root to test in a PID namespace)")
+        r = run_cli("hunt", "--vllm", "--duration", "2", "--out", tmp_path / "h")
     assert r.returncode == 2
     assert "no vLLM server found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

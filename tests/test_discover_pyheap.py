@@ -15,7 +15,9 @@ import gc, sys, time
 keep = [[i] for i in range(30000)]
 gc.freeze()
 young = [[i] for i in range(5000)]
-print('ready', gc.get_freeze_count(), flush=True)
+gc.disable()  # nothing moves between the count below and the outside read
+tracked = len(gc.get_objects())  # every generation (the frozen objects are not in any)
+print('ready', gc.get_freeze_count(), tracked, flush=True)
 time.sleep(60)
 """
 
@@ -24,12 +26,17 @@ def test_reads_freeze_count_and_gc_state(spawn) -> None:
     p = spawn([sys.executable, "-c", PROGRAM], ready=None)
     first = p.popen.stdout.readline().split()
     assert first[0] == "ready"
-    frozen = int(first[1])
+    frozen, tracked = int(first[1]), int(first[2])
     st = read_python_heap(p.pid)
     assert st["python"] is True and st["version"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert st["frozen"] == frozen >= 30000  # exactly gc.get_freeze_count()
-    assert st["gc_enabled"] is True and st["gen0_threshold"] == 700
-    assert st["tracked"] >= 0 and st["approximate"] is True
+    assert st["gc_enabled"] is False and st["gen0_threshold"] == 700
+    # Every generation walked to its end (a broken walk is -1) and their sum is len(gc.get_objects())
+    # as the target counted it, give or take the few objects made while printing it.
+    assert all(st[f"gen{g}_tracked"] >= 0 for g in range(3)), st
+    assert sum(st[f"gen{g}_tracked"] for g in range(3)) == st["tracked"]
+    assert tracked >= 5000 and abs(st["tracked"] - tracked) <= 10, (st["tracked"], tracked)
+    assert st["approximate"] is True
     assert p.popen.poll() is None  # never stopped, still running
 
 

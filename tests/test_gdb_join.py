@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 
 import pandas as pd
 import pytest
-from conftest import run_cli
+from conftest import LEAKTRACE, REPO, wait_for
 from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
 
 from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, join_samples_to_regions
-from leaktrace.probes.gdb import sample_row, stack_strings
+from leaktrace.probes.gdb import sample_row, stack_strings, tracer_of
 from leaktrace.session import SessionReader, SessionWriter
 
 
@@ -75,12 +77,25 @@ def test_gdb_stack_for_reads_a_session(tmp_path):
 @pytest.mark.skipif(shutil.which("gdb") is None or os.geteuid() != 0, reason="needs gdb and root (eBPF ledger)")
 def test_sampled_addresses_are_ledger_regions(spawn, tmp_path):
     target = spawn([build_gdb_target(), "--threads", "4", "--per-thread-per-s", "5"])
-    res = run_cli("hunt", "--pid", target.pid, "--duration", "4", "--gdb-samples", "10", "-q",
-                  "--out", tmp_path / "s", "--format", "json", timeout=120)
-    assert res.returncode == 0, res.stderr
-    reader = SessionReader(tmp_path / "s")
-    if "bpf" not in reader.meta.get("probes", []):
-        pytest.skip(f"eBPF probe did not start: {reader.meta.get('warnings')}")
+    out = tmp_path / "s"
+    # Stopped (SIGTERM) once gdb took its 10 samples and let go of the target, however long that took.
+    hunt = subprocess.Popen([*LEAKTRACE, "hunt", "--pid", str(target.pid), "--duration", "300", "--gdb-samples",
+                             "10", "-q", "--out", str(out), "--format", "json"], cwd=str(REPO),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def sampled() -> int:
+            return sum(p.read_text().count('"type":"sample"') for p in out.glob("gdb/*/samples-*"))
+
+        assert wait_for(lambda: sampled() >= 10 and tracer_of(target.pid) == 0, timeout=120), sampled()
+        hunt.send_signal(signal.SIGTERM)
+        _, stderr = hunt.communicate(timeout=120)
+    finally:
+        if hunt.poll() is None:
+            hunt.kill()
+            hunt.communicate()
+    assert hunt.returncode == 0, stderr
+    reader = SessionReader(out)
+    assert "bpf" in reader.meta.get("probes", []), reader.meta.get("warnings")  # root: the probe must run
     samples = reader.table("gdb_samples")
     ledger = reader.table("ledger_regions")
     mmaps = samples[samples["syscall"] == "mmap"]
@@ -94,5 +109,5 @@ def test_sampled_addresses_are_ledger_regions(spawn, tmp_path):
     hit = joined[joined["gdb_samples"] > 0]
     assert len(hit) == len(mmaps) and (hit["library"] == LEAK_LIB).all()
     assert all(any(f.startswith(f"{HOOK_LIB}!") for f in st) for st in hit["gdb_stack"])
-    culprit = json.loads((tmp_path / "s" / "report.json").read_text())["culprits"][0]
+    culprit = json.loads((out / "report.json").read_text())["culprits"][0]
     assert culprit["library"] == LEAK_LIB

@@ -119,12 +119,30 @@ def test_python_frames_or_a_reason(spawn):
     # a roomier budget keeps this test about frames, not about the budget.
     run = sample_process(target.pid, max_samples=3, max_seconds=20, budget=PauseBudget(pause_fraction=0.1))
     assert run.reason == "samples", run.reason
-    if run.python.startswith("ok"):
+    # Which of the two it must be is known here: the sampler loads the interpreter's own gdb extension
+    # (python3.X-gdb.py next to it, or under /usr/share/gdb/auto-load with Debian's python3.X-dbg).
+    extensions = python_gdb_extensions(target.pid)
+    if extensions:
+        assert run.python.startswith("ok: ") and run.python[4:] in extensions, (run.python, extensions)
         pyframes = [p for s in run.sample_records for f in s["frames"] for p in f.get("python", [])]
         assert any(p.get("func") == "grow_python_side" for p in pyframes), pyframes[:5]
     else:
         assert run.python.startswith("unavailable: "), run.python
     assert proc_state(target.pid) not in (None, "T", "t") and tracer_of(target.pid) == 0
+
+
+def python_gdb_extensions(pid: int) -> list[str]:
+    """The gdb extensions (``…python3.X-gdb.py``) that exist for the interpreter files mapped by ``pid``."""
+    import re
+
+    found = []
+    for m in procfs.read_maps(pid):
+        if m.offset == 0 and re.search(r"(^|/)(lib)?python3[.\d]*[dmu]*(\.so[.\d]*)?$", m.path):
+            real = os.path.realpath(m.path)
+            for candidate in (real + "-gdb.py", "/usr/share/gdb/auto-load" + real + "-gdb.py", m.path + "-gdb.py"):
+                if os.path.isfile(candidate) and candidate not in found:
+                    found.append(candidate)
+    return found
 
 
 def start_hunt(pid: int, out: Path, *extra: str) -> subprocess.Popen:
@@ -134,6 +152,11 @@ def start_hunt(pid: int, out: Path, *extra: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def samples_so_far(out: Path) -> int:
+    """gdb's own JSON lines in a session while it samples."""
+    return sum(p.read_text().count('"type":"sample"') for p in out.glob("gdb/*/samples-*"))
+
+
 def test_hunt_ctrl_c_detaches_and_session_joins_stacks(spawn, gdb_target_bin, tmp_path):
     target = spawn([gdb_target_bin, "--threads", "2", "--per-thread-per-s", "3"])
     hunt = start_hunt(target.pid, tmp_path / "s", "--gdb-samples", "100000")
@@ -141,11 +164,7 @@ def test_hunt_ctrl_c_detaches_and_session_joins_stacks(spawn, gdb_target_bin, tm
         assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"
         # While attached the code check sees gdb's one breakpoint (so it would see one left behind).
         assert wait_for(lambda: any("ld-linux" in path for path, _ in patched_code(target.pid)), timeout=10)
-
-        def samples_so_far() -> int:  # gdb's own JSON lines, in the session while it samples
-            return sum(p.read_text().count('"type":"sample"') for p in (tmp_path / "s").glob("gdb/*/samples-*"))
-
-        assert wait_for(lambda: samples_so_far() >= 4, timeout=20)
+        assert wait_for(lambda: samples_so_far(tmp_path / "s") >= 4, timeout=20)
         hunt.send_signal(signal.SIGINT)
         out, err = hunt.communicate(timeout=60)
     finally:
@@ -175,7 +194,9 @@ def test_sigkill_of_leaktrace_mid_sampling_leaves_target_running(spawn, gdb_targ
     try:
         assert wait_for(lambda: tracer_of(target.pid) != 0, timeout=30), "gdb never attached"
         gdb_pid = tracer_of(target.pid)
-        time.sleep(1.0)
+        # Killed mid-sampling: once gdb has sampled (the target stops and resumes under it), not after a sleep.
+        assert wait_for(lambda: samples_so_far(tmp_path / "s") >= 2, timeout=30), "gdb took no sample"
+        assert tracer_of(target.pid) == gdb_pid  # still attached: sampling goes on when leaktrace dies
         hunt.send_signal(signal.SIGKILL)
         hunt.wait(timeout=10)
     finally:

@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import select
+import signal
 import socket
 import subprocess
 import time
@@ -32,11 +33,12 @@ def _scrape(port: int) -> dict[tuple[str, tuple], float]:
 def test_prometheus_exporter(tmp_path, spawn, leaker_bin):
     target = spawn([leaker_bin, "--leak-kib-per-s", str(LEAK_KIB_S)])
     out = tmp_path / "s"
+    # Runs until this test stops it (SIGTERM), so the checks below never race the hunt's deadline.
     hunt = start_hunt(
         "--pid",
         target.pid,
         "--duration",
-        "12",
+        "300",
         "--interval",
         "0.5",
         "--out",
@@ -58,11 +60,18 @@ def test_prometheus_exporter(tmp_path, spawn, leaker_bin):
             raise AssertionError("exporter reachable beyond 127.0.0.1")
         except ConnectionRefusedError:
             pass
-        time.sleep(7)
-        m = _scrape(port)
+        # Scrape until the hunt itself says 7 s have elapsed since attach (its clock, not a sleep here).
+        scrapes = 0
+        deadline = time.monotonic() + 120
+        while True:
+            m = _scrape(port)
+            scrapes += 1
+            if m[("leaktrace_hunt_elapsed_seconds", ())] >= 7 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         labels = (("pid", str(target.pid)), ("process", "leaker"))
         assert m[("leaktrace_targets", ())] == 1
-        assert m[("leaktrace_hunt_elapsed_seconds", ())] > 5
+        assert m[("leaktrace_hunt_elapsed_seconds", ())] >= 7
         assert m[("leaktrace_process_rss_bytes", labels)] > 8 << 20
         rate = m[("leaktrace_process_anon_growth_bytes_per_second", labels)]
         assert abs(rate - LEAK_KIB_S * 1024) < 0.25 * LEAK_KIB_S * 1024, rate
@@ -84,10 +93,13 @@ def test_prometheus_exporter(tmp_path, spawn, leaker_bin):
         assert r.returncode == 2, r.stderr
         assert "already in use" in one_error_line(r.stderr)
     finally:
+        if hunt.poll() is None:
+            hunt.send_signal(signal.SIGTERM)
         rc, _, stderr = stop_hunt(hunt)
     assert rc == 0, stderr
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["probe_summaries"]["exporter"]["scrapes"] >= 1
+    assert meta["stop_reason"] == "SIGTERM"
+    assert meta["probe_summaries"]["exporter"]["scrapes"] == scrapes  # each of ours, once; nobody else's
 
 
 def test_live_view_plain_lines_when_not_a_tty(tmp_path, spawn, leaker_bin):

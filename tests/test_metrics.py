@@ -30,11 +30,11 @@ def test_parse_recorded_single_server() -> None:
 
 
 def test_parse_recorded_decode() -> None:
-    path = DATA / "vllm_metrics_decode.txt"
-    if not path.exists():
-        pytest.skip("no recorded decode /metrics")
-    s = summarize(parse_metrics(path.read_text()))
-    assert s["kv_external_prompt_tokens"] > 0 and s["requests"] > 0
+    # Recorded from the decode instance of a real P/D pair (tests/data): KV arrived by NIXL transfer.
+    s = summarize(parse_metrics((DATA / "vllm_metrics_decode.txt").read_text()))
+    assert s["kv_external_prompt_tokens"] == 115 and s["nixl_transfers"] == 3 and s["requests"] == 3
+    p = summarize(parse_metrics((DATA / "vllm_metrics_prefill.txt").read_text()))
+    assert p["kv_external_prompt_tokens"] == 0 and p["nixl_transfers"] == 0 and p["prompt_tokens"] == 115
 
 
 def test_parse_rejects_garbage() -> None:

@@ -10,11 +10,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from conftest import LEAKTRACE, REPO, run_cli, wait_for
+from conftest import LEAKTRACE, REPO, run_cli
+from ops_helpers import live_rollup, wait_rollup
 
 from leaktrace.report.flame import flame_svg, folded_text
 
@@ -69,8 +69,9 @@ def killed_session(leaker_bin, tmp_path_factory):
         hunt = subprocess.Popen([*LEAKTRACE, "hunt", "--pid", str(target.pid), "--duration", "120",
                                  "--smaps-every", "2", "--no-bpf", "--no-gdb", "--out", str(d), "-q"],
                                 cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        assert wait_for(lambda: (d / "tables" / "rollup").is_dir(), timeout=30)
-        time.sleep(14)
+        # Killed once 14 s of hunt time are on disk (the hunt's ticks, not a sleep that a loaded machine
+        # may fill with fewer of them).
+        assert wait_rollup(d, span_s=14.0, timeout=120), f"{len(live_rollup(d))} rollup rows in 120 s"
         hunt.send_signal(signal.SIGKILL)
         hunt.wait(timeout=10)
     finally:

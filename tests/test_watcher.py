@@ -4,10 +4,11 @@ born after attach, targets exiting mid-hunt."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from conftest import run_cli, wait_for
 
@@ -58,15 +59,23 @@ def test_mremap_region_moves_and_grows(tmp_path, spawn, leaker_bin):
 
 
 def test_child_born_after_start_is_picked_up(tmp_path, spawn, leaker_bin):
-    p = spawn([leaker_bin, "--leak-kib-per-s", "1024", "--fork-after", "3"])
-    res = run_hunt([p.pid], HuntOptions(duration=12, interval=0.5, smaps_every=4, **WATCHER_ONLY), tmp_path / "s")
+    p = spawn([leaker_bin, "--leak-kib-per-s", "1024", "--fork-on-usr1", "1"])
+    forked_at: list[float] = []
+
+    def on_tick(ctx, now: float) -> None:  # the fork is asked for at the 4th tick, well after attach
+        if len(forked_at) == 0 and now >= 1.5:
+            forked_at.append(now)
+            os.kill(p.pid, signal.SIGUSR1)
+
+    res = run_hunt([p.pid], HuntOptions(duration=12, interval=0.5, smaps_every=4, **WATCHER_ONLY), tmp_path / "s",
+                   on_tick=on_tick)
     r = SessionReader(tmp_path / "s")
     procs = r.table("processes")
     seen = procs[procs["event"] == "seen"]
     children = seen[seen["ppid"] == p.pid]
     assert len(children) == 1
     child = int(children["pid"].iloc[0])
-    assert children["t"].iloc[0] >= 2.5  # born after attach, picked up at a later tick
+    assert forked_at and children["t"].iloc[0] > forked_at[0]  # born after attach, picked up at a later tick
     roll = r.table("rollup")
     c = roll[roll["pid"] == child]
     assert rate(c["t"], c["rss"], warmup_s=0).mb_per_min == pytest.approx(60.0, rel=0.15)
@@ -74,19 +83,27 @@ def test_child_born_after_start_is_picked_up(tmp_path, spawn, leaker_bin):
 
 
 def test_target_exits_mid_hunt(tmp_path, spawn, leaker_bin):
-    p = spawn([leaker_bin, "--leak-kib-per-s", "512", "--duration", "4"])
-    res = run_hunt([p.pid], HuntOptions(duration=30, interval=0.5, **WATCHER_ONLY), tmp_path / "s")
+    p = spawn([leaker_bin, "--leak-kib-per-s", "512"])
+    told: list[float] = []
+
+    def on_tick(ctx, now: float) -> None:  # the target is told to exit (SIGTERM: it returns 0) at a tick
+        if not told and now >= 3.0:
+            told.append(now)
+            os.kill(p.pid, signal.SIGTERM)
+
+    res = run_hunt([p.pid], HuntOptions(duration=30, interval=0.5, **WATCHER_ONLY), tmp_path / "s", on_tick=on_tick)
     assert res.stop_reason == "all targets exited"
-    assert res.duration_s < 15
+    assert p.popen.wait(timeout=10) == 0
     proc = res.report["processes"][0]
-    assert proc["exited_s"] is not None and 3.0 <= proc["exited_s"] <= 8.0
+    # Seen gone within a tick or two of the exit, and the hunt stopped there (not at its 30 s deadline).
+    assert told and proc["exited_s"] is not None and told[0] <= proc["exited_s"] <= told[0] + 2.0, (proc, told)
+    assert res.duration_s < told[0] + 5.0
     r = SessionReader(tmp_path / "s")
     assert r.complete
     assert set(r.table("regions")["snapshot"]) == {"first", "last"}
 
 
 def test_sigterm_stops_cleanly_and_writes_report(tmp_path, spawn, leaker_bin):
-    import signal
     import subprocess
     import sys
 
@@ -136,7 +153,6 @@ def test_cli_bad_input(tmp_path, spawn, leaker_bin):
 
 def test_permission_denied_on_smaps(tmp_path, spawn, leaker_bin):
     """An unprivileged hunter on a root-owned target: one clear warning, the hunt finishes."""
-    import os
     import shutil
 
     if os.geteuid() != 0 or not shutil.which("setpriv"):
@@ -165,9 +181,25 @@ def test_permission_denied_on_smaps(tmp_path, spawn, leaker_bin):
 
 
 def test_stop_event_from_another_thread(tmp_path, spawn, leaker_bin):
+    """An external stop (set from another thread, as the demo and the Ray task do) after the 4th tick
+    ends the hunt at once: stop reason "stopped", the ticks so far (plus at most the final one) on disk."""
     p = spawn([leaker_bin, "--leak-kib-per-s", "256"])
     stop = threading.Event()
-    threading.Timer(2.0, stop.set).start()
-    res = run_hunt([p.pid], HuntOptions(duration=60, interval=0.5, **WATCHER_ONLY), tmp_path / "s", stop=stop)
+    ticks: list[float] = []
+
+    def on_tick(ctx, now: float) -> None:
+        ticks.append(now)
+        if len(ticks) == 4:
+            threading.Thread(target=stop.set).start()
+
+    res = run_hunt([p.pid], HuntOptions(duration=60, interval=0.5, **WATCHER_ONLY), tmp_path / "s", stop=stop,
+                   on_tick=on_tick)
+    assert res.stop_reason == "stopped", res.stop_reason
     assert res.duration_s < 10
-    assert isinstance(SessionReader(tmp_path / "s").table("rollup"), pd.DataFrame)
+    r = SessionReader(tmp_path / "s")
+    assert r.complete and r.meta["stop_reason"] == "stopped"
+    roll = r.table("rollup")
+    assert set(roll["pid"]) == {p.pid}
+    # The stop is seen after the 4th tick (or, were its thread slow to run, the 5th); a stop seen while
+    # waiting for the next tick records one last tick (on_tick is not called for it).
+    assert len(ticks) in (4, 5) and len(roll) - len(ticks) in (0, 1), (len(roll), ticks)

@@ -7,9 +7,12 @@
  * nobody drains the queue. With UCX_RCACHE_MAX_UNRELEASED=1024, UCX_MEM_MMAP_HOOK_MODE=none or
  * UCX_RCACHE_ENABLE=n the same loop stays flat: the negative controls.
  *
- * usage: ucx_munmap_leak [munmaps_per_second] [seconds]   (defaults: 5000/s, run until killed)
- * Prints "ready <pid>" once the context exists, then "done" when the time is up (and keeps sleeping,
- * so a tracer can still read the final state).
+ * usage: ucx_munmap_leak [munmaps_per_second] [seconds] [munmaps]
+ *        (defaults: 5000/s, run until killed; seconds 0: no time limit; munmaps: stop after that many,
+ *        a multiple of 100)
+ * Prints "ready <pid>" once the context exists; with UCX_MUNMAP_LEAK_GO=PATH it then waits until PATH
+ * exists before the first munmap (a handshake: the caller measures first). Prints "done N" (N munmaps)
+ * when the time or the count is up, and keeps sleeping, so a tracer can still read the final state.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +33,8 @@ int main(int argc, char **argv)
 {
     long rate = argc > 1 ? atol(argv[1]) : 5000;
     double seconds = argc > 2 ? atof(argv[2]) : 0;
+    long total = argc > 3 ? atol(argv[3]) : 0;
+    const char *go = getenv("UCX_MUNMAP_LEAK_GO");
     ucp_config_t *config;
     ucp_context_h context;
     ucp_params_t params;
@@ -48,13 +53,15 @@ int main(int argc, char **argv)
     ucp_config_release(config);
     printf("ready %d\n", (int)getpid());
     fflush(stdout);
+    while (go && access(go, F_OK) != 0)
+        usleep(10000);
 
     /* Batches of 100 per tick keep the rate steady without a syscall-heavy sleep per munmap. */
     const long batch = 100;
     double start = now_s(), next = start;
     long done = 0;
     for (;;) {
-        if (seconds > 0 && now_s() - start >= seconds)
+        if ((seconds > 0 && now_s() - start >= seconds) || (total > 0 && done >= total))
             break;
         for (long i = 0; i < batch; i++) {
             /* Two pages, unmap one of them: the munmapped ranges stay disjoint, as in vLLM's
