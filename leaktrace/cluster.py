@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace import procfs
+from leaktrace.atomic import atomic_write_text
 from leaktrace.discover import vllm_targets
 from leaktrace.errors import ClusterError, LeaktraceError, SessionError, UsageError
 
@@ -509,7 +510,7 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
         "argv": sys.argv, "start_wall": started_wall, "end_wall": time.time(), "nodes": node_entries,
         "stop_reason": "interrupted (Ctrl-C)" if interrupted else "completed",
     }
-    _atomic_write(out / CLUSTER_META, json.dumps(meta, indent=2, default=str))
+    atomic_write_text(out / CLUSTER_META, json.dumps(meta, indent=2, default=str))
     # Stopped by Ctrl-C is a completed hunt, as for `hunt`: the report is written, exit status 0.
     return render_cluster(out)
 
@@ -549,12 +550,6 @@ def _untar(data: bytes, dest: Path) -> None:
                 if m.name.startswith("/") or ".." in Path(m.name).parts or not (m.isfile() or m.isdir()):
                     raise ClusterError(f"refusing a node session with entry {m.name!r}")
             tar.extractall(dest)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------- merge
@@ -607,7 +602,7 @@ def render_cluster(path: str | os.PathLike[str], rerender: bool = False,
     if "json" in formats:
         json_report.write(report, base)
     if "md" in formats:
-        _atomic_write(base / "report.md", render_markdown(report))
+        atomic_write_text(base / "report.md", render_markdown(report))
     return report
 
 

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from leaktrace import __version__, outdir
+from leaktrace.atomic import atomic_write_text
 from leaktrace.errors import OutputNotWritable, SessionError
 
 SESSION_SCHEMA = "leaktrace.session/1"
@@ -70,19 +71,6 @@ SCHEMAS: dict[str, pa.Schema] = {
                           ("size", _I), ("rss", _I), ("anon", _I), ("perms", _S), ("offset", _U),
                           ("path", _S), ("cls", _S)]),
 }
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError:
-        tmp.unlink(missing_ok=True)  # disk full: the previous complete file stays in place
-        raise
-    os.replace(tmp, path)
 
 
 def host_facts() -> dict[str, Any]:
@@ -150,7 +138,7 @@ class SessionWriter:
 
     # -- meta
     def _write_meta(self) -> None:
-        _atomic_write_text(self.path / META, json.dumps(self.meta, indent=2, default=str))
+        atomic_write_text(self.path / META, json.dumps(self.meta, indent=2, default=str))
 
     def update_meta(self, **fields: Any) -> None:
         with self._lock:

@@ -9,12 +9,12 @@ the report says so).
 from __future__ import annotations
 
 import html
-import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.growth import MB
+from leaktrace.atomic import atomic_write_text
 
 Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
 
@@ -81,11 +81,7 @@ def folded_text(stacks: Stacks) -> str:
 
 def write_folded(report: dict[str, Any], out_dir: Path, reader: Any = None) -> Path:
     stacks, _ = collect_stacks(report, reader)
-    path = Path(out_dir) / "outstanding.folded"
-    tmp = path.with_suffix(".folded.tmp")
-    tmp.write_text(folded_text(stacks))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(Path(out_dir) / "outstanding.folded", folded_text(stacks))
 
 
 def _tree(stacks: Stacks) -> dict[str, Any]:

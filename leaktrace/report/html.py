@@ -7,13 +7,13 @@ a flame graph of outstanding bytes by stack; culprit cards. Copes with any subse
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from leaktrace.analysis.growth import MB
+from leaktrace.atomic import atomic_write_text
 from leaktrace.report.flame import collect_stacks, flame_svg
 
 MAX_POINTS_PER_LINE = 600
@@ -149,8 +149,4 @@ def render(report: dict[str, Any], reader: Any = None) -> str:
 
 
 def write(report: dict[str, Any], out_dir: Path, reader: Any = None) -> Path:
-    path = Path(out_dir) / "report.html"
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render(report, reader))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(Path(out_dir) / "report.html", render(report, reader))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from leaktrace.atomic import atomic_write_text
 
 
 def _clean(o: Any) -> Any:
@@ -22,8 +23,4 @@ def _clean(o: Any) -> Any:
 
 
 def write(report: dict[str, Any], out_dir: Path) -> Path:
-    path = Path(out_dir) / "report.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_clean(report), indent=2, default=str))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(Path(out_dir) / "report.json", json.dumps(_clean(report), indent=2, default=str))

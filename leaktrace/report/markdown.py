@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
+
+from leaktrace.atomic import atomic_write_text
 
 MAX_CULPRITS = 5
 MAX_STACK = 20
@@ -78,8 +79,4 @@ def render(report: dict[str, Any]) -> str:
 
 
 def write(report: dict[str, Any], out_dir: Path) -> Path:
-    path = Path(out_dir) / "report.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render(report))
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(Path(out_dir) / "report.md", render(report))
