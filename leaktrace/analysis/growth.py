@@ -56,11 +56,11 @@ def _subsample(t: np.ndarray, y: np.ndarray, k: int = MAX_POINTS) -> tuple[np.nd
     return t[idx], y[idx]
 
 
-def theil_sen(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(slope, fraction of pairwise slopes agreeing in sign). Subsamples evenly beyond MAX_POINTS."""
+def theil_sen(t: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[float, float]:
+    """(slope, fraction of pairwise slopes agreeing in sign). Subsamples evenly beyond ``max_points``."""
     if len(t) < 2:
         return 0.0, 0.0
-    t, y = _subsample(t, y)
+    t, y = _subsample(t, y, max_points)
     i, j = np.triu_indices(len(t), k=1)
     dt = t[j] - t[i]
     ok = dt > 0

@@ -22,7 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-MB = 1024 * 1024
+from leaktrace.analysis.growth import MB, theil_sen
+
+# Points of the pairwise slope of a load series (growth per request): what this analysis always used.
+LOAD_SLOPE_POINTS = 400
 COUNTERS = ("requests", "prompt_tokens", "generation_tokens", "nixl_transfers", "nixl_bytes",
             "kv_external_prompt_tokens", "nixl_failed")
 
@@ -33,20 +36,6 @@ def _table(reader: Any, name: str) -> pd.DataFrame:
     except Exception:  # noqa: BLE001 - a missing or unreadable table is "no data", never a crash
         return pd.DataFrame()
     return df if df is not None else pd.DataFrame()
-
-
-def _slope(t: np.ndarray, y: np.ndarray) -> float:
-    """Theil–Sen slope (median of pairwise slopes; robust to a few outliers), per second."""
-    n = len(t)
-    if n < 2:
-        return 0.0
-    if n > 400:  # keep the O(n^2) pair count bounded
-        idx = np.linspace(0, n - 1, 400).astype(int)
-        t, y = t[idx], y[idx]
-    dt = t[None, :] - t[:, None]
-    dy = y[None, :] - y[:, None]
-    mask = dt > 0
-    return float(np.median(dy[mask] / dt[mask])) if mask.any() else 0.0
 
 
 def _r2(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -97,7 +86,7 @@ def _growth(series: pd.DataFrame) -> tuple[float, float]:
         return 0.0, 0.0
     t = series["t"].to_numpy(dtype=float)
     y = series["bytes"].to_numpy(dtype=float)
-    s = _slope(t, y)
+    s = theil_sen(t, y, max_points=LOAD_SLOPE_POINTS)[0]
     return s * (t[-1] - t[0]) / MB, s * 60 / MB
 
 
