@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli, wait_for
 
-from leaktrace.cluster import CLUSTER_META, CLUSTER_SCHEMA, PidSpec, merge_reports, render_cluster
+from leaktrace.cluster.merge import merge_reports, render_cluster
+from leaktrace.cluster.request import CLUSTER_META, CLUSTER_SCHEMA, PidSpec
 from leaktrace.errors import UsageError
 
 
@@ -120,7 +121,7 @@ def test_cluster_report_on_a_plain_directory_is_a_session_error(tmp_path: Path) 
 
 
 def test_match_picks_targets_but_not_the_driver(spawn) -> None:
-    from leaktrace.cluster import match_processes
+    from leaktrace.cluster.node import match_processes
 
     target = spawn(["sleep", "61.5"], ready=None)
     # A process whose argv holds the pattern itself, as the driver's `--match PATTERN` does; the pattern

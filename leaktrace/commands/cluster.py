@@ -66,7 +66,8 @@ def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], nod
       leaktrace cluster hunt --address 10.0.0.1:6379 --match 'VLLM::Worker' --no-gdb --out w
       leaktrace cluster hunt --address 10.0.0.1:6379 --pid 10.0.0.2=4242 --pid 10.0.0.3=5151
     """
-    from leaktrace.cluster import ClusterRequest, PidSpec, cluster_hunt, import_ray
+    from leaktrace.cluster.driver import cluster_hunt, import_ray
+    from leaktrace.cluster.request import ClusterRequest, PidSpec
     from leaktrace.errors import UsageError
 
     if interval <= 0:
@@ -116,7 +117,7 @@ def report(cluster_dir: str, to_stdout: bool) -> None:
     """Re-render CLUSTER_DIR's merged report (report.json, report.md) from its node sessions. Needs no Ray."""
     import json
 
-    from leaktrace.cluster import render_cluster
+    from leaktrace.cluster.merge import render_cluster
 
     rep = render_cluster(cluster_dir, rerender=True)
     if to_stdout:
