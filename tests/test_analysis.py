@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from conftest import LEAKTRACE, REPO, Proc
 
-from leaktrace.analysis.culprits import THRESHOLDS, Candidate, explain, load_rules
+from leaktrace.analysis.candidates import THRESHOLDS, Candidate
+from leaktrace.analysis.culprits import explain
 from leaktrace.analysis.growth import MB, rate
 from leaktrace.analysis.regions import region_chains
+from leaktrace.analysis.rules import load_rules
 from leaktrace.session import SessionReader, SessionWriter
 
 LEAK_KIB_PER_S = 1024  # the fixture's known rate: 60 MiB/min

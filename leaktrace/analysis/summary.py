@@ -12,12 +12,9 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis import load
-from leaktrace.analysis.culprits import (
-    THRESHOLDS,
-    find_culprits,
-    first_named,
-    process_info,
-)
+from leaktrace.analysis.candidates import THRESHOLDS, process_info
+from leaktrace.analysis.culprits import find_culprits
+from leaktrace.analysis.first_named import first_named
 from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
 from leaktrace.analysis.ledger import ledger_summary
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions

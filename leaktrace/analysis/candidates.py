@@ -1,0 +1,298 @@
+"""Culprit candidates from the measurements: the eBPF ledger (library + stack), the watcher (a leaking
+process and the class that grows), the Python heap probe; the thresholds that decide what leaks."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from leaktrace.analysis.growth import MB, class_rate_table
+from leaktrace.analysis.ledger import native_culprits
+from leaktrace.discover import LABELS, classify_argv
+
+# Verdict thresholds (stated in the report so a reader can judge the verdict).
+THRESHOLDS: dict[str, float] = {
+    "leak_mb_per_min": 1.0,        # a process growing at least this fast (RSS or anonymous) ...
+    "min_confidence": 0.75,        # ... with this fraction of pairwise slopes agreeing in sign ...
+    "min_span_s": 8.0,             # ... over at least this many seconds (after the warm-up cut),
+                                   # and not one step (a step is an allocation, not a leak)
+    "no_leak_span_s": 15.0,        # a clean verdict needs at least this much observation
+    "inconclusive_confidence": 0.6,  # growth above the rate with confidence between this and min_confidence
+    "class_mb_per_min": 0.5,       # a memory class of a leaking process counts from this rate ...
+    "class_confidence": 0.6,       # ... and this confidence
+    "ledger_mb_per_min": 1.0,      # a library named by the eBPF ledger counts from this rate
+}
+
+KIND_OF_CLASS = {"anon": "native-mmap", "arena": "malloc-heap", "heap": "malloc-heap", "shm": "shm",
+                 "file": "file", "driver": "other", "stack": "other", "lib": "file", "other": "other"}
+_PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
+_LIB_IN_FRAME = re.compile(r"([A-Za-z0-9_.+-]+\.so(?:[.-][A-Za-z0-9_.-]*)?)")
+LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
+
+
+
+@dataclass
+class Candidate:
+    kind: str
+    pid: int
+    mb_per_min: float
+    source: str  # ledger | watcher | pyheap
+    library: str | None = None
+    stack: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    outstanding_bytes: int = 0
+    cls: str = "anon"
+    paths: list[str] = field(default_factory=list)
+    python: bool = False
+    label: str = "other"  # the ps vocabulary (api-server, engine-core, worker, …)
+    title: str = "?"  # what the process calls itself (VLLM::Worker_TP0, comm)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        if self.library:
+            return (self.pid, self.library)
+        return (self.pid, self.source, self.cls)
+
+
+def path_pattern(path: str) -> str:
+    """A name pattern: runs of hex digits/digits (ids, pids, random suffixes) become '*'."""
+    base = re.sub(r" \(deleted\)$", "", path)
+    return re.sub(r"(?<=[_.\-/])[0-9a-fA-F]{4,}|[0-9]+", "*", base)
+
+
+def summarize_paths(paths: list[str], sizes: list[int] | None = None, n: int = 4) -> str:
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        groups.setdefault(path_pattern(p), []).append(sizes[i] if sizes else 0)
+    items = sorted(groups.items(), key=lambda kv: (-sum(kv[1]), -len(kv[1])))[:n]
+    return ", ".join(f"{len(v)} × {k}" + (f" ({sum(v) / MB:.1f} MB)" if sizes else "") for k, v in items)
+
+
+def allocating_library(stack: list[str]) -> str | None:
+    """The first library in the stack (innermost first) that is not libc / the dynamic loader."""
+    for frame in stack:
+        for lib in _LIB_IN_FRAME.findall(frame):
+            if not LIBC_LIBRARY.match(lib):
+                return lib
+    return None
+
+
+def _is_python(exe: str, comm: str, cmdline: str) -> bool:
+    return bool(_PYTHON_EXE.search(exe or "")) or (comm or "").startswith("python")
+
+
+def process_label(recorded: str | None, comm: str, cmdline: str) -> tuple[str, str]:
+    """(label in the ps vocabulary, title) of a recorded process. Sessions record what the hunt knew:
+    a vocabulary word (vLLM discovery), a title (``VLLM::Worker_TP0``) or the comm; the command line
+    decides the rest, as ``leaktrace ps`` does (a retitled process's command line is its title)."""
+    try:
+        argv = [str(a) for a in json.loads(cmdline or "[]")]
+    except (ValueError, TypeError):
+        argv = []
+    label, title = classify_argv(argv)
+    if recorded in LABELS and recorded != "other":
+        label = recorded
+    elif recorded and recorded not in LABELS:
+        title = title or recorded
+    return label, title or comm or "?"
+
+
+def process_info(reader: Any) -> dict[int, dict[str, Any]]:
+    procs = reader.table("processes")
+    labels = reader.meta.get("labels", {}) or {}
+    info: dict[int, dict[str, Any]] = {}
+    if not procs.empty:
+        seen = procs[procs["event"] == "seen"].drop_duplicates("pid", keep="first")
+        for r in seen.itertuples():
+            label, title = process_label(labels.get(str(r.pid)) or r.label, r.comm, r.cmdline)
+            info[int(r.pid)] = {"ppid": int(r.ppid), "comm": r.comm, "exe": r.exe, "cmdline": r.cmdline,
+                                "label": label, "title": title,
+                                "python": _is_python(r.exe, r.comm, r.cmdline)}
+    return info
+
+
+def is_leaking(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
+    span = row["t_last"] - row["t_first"]
+    for col in ("rss", "anon"):
+        if (row[f"{col}_mb_per_min"] >= th["leak_mb_per_min"] and row[f"{col}_confidence"] >= th["min_confidence"]
+                and span >= th["min_span_s"] and not row[f"{col}_step"]):
+            return True
+    return False
+
+
+def is_doubtful(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
+    """Growth above the leak rate but without the confidence (or span) to call it."""
+    for col in ("rss", "anon"):
+        if (row[f"{col}_mb_per_min"] >= th["leak_mb_per_min"] and not row[f"{col}_step"]
+                and row[f"{col}_confidence"] >= th["inconclusive_confidence"]):
+            return True
+    return False
+
+
+def ucx_effective(reader: Any, pid: int) -> str | None:
+    if "ucx_state" not in reader.tables():
+        return None
+    st = reader.table("ucx_state")
+    if st.empty or "pid" not in st.columns:
+        return None
+    rows = st[st["pid"] == pid]
+    if rows.empty:
+        return None
+    r = rows.iloc[-1]
+    parts = []
+    for key, col in (("UCX_MEM_MMAP_HOOK_MODE", "hook_mode"), ("UCX_RCACHE_MAX_UNRELEASED", "rcache_max_unreleased"),
+                     ("UCX_RCACHE_ENABLE", "rcache_enable")):
+        if col in r.index and r[col] is not None and not pd.isna(r[col]):
+            src = r.get(f"{col}_source")
+            parts.append(f"{key}={r[col]}" + (f" ({src})" if src is not None and not pd.isna(src) else ""))
+    if "hooks_active" in r.index and r["hooks_active"] is not None and not pd.isna(r["hooks_active"]):
+        parts.append(f"memory hooks {'active' if r['hooks_active'] else 'inactive'}")
+    if "ucx_version" in r.index and r["ucx_version"] is not None and not pd.isna(r["ucx_version"]):
+        parts.append(f"UCX {r['ucx_version']}")
+    return "; ".join(parts) or None
+
+
+def ledger_candidates(reader: Any, info: dict[int, dict[str, Any]], warnings: list[str],
+                      th: dict[str, float] = THRESHOLDS) -> tuple[list[Candidate], bool]:
+    """(candidates named by the eBPF ledger, whether the ledger ran)."""
+    if not any(t.startswith("ledger") for t in reader.tables()):
+        return [], False
+    try:
+        found = native_culprits(reader) or []
+    except Exception as e:  # noqa: BLE001 - the ledger analysis failing must not lose the report
+        warnings.append(f"ledger analysis failed: {e.__class__.__name__}: {e}")
+        return [], False
+    out = []
+    for c in found:
+        mbm = float(c.get("mb_per_min") or 0.0)
+        if mbm < th["ledger_mb_per_min"] or float(c.get("confidence", 1.0)) < th["min_confidence"]:
+            continue
+        pid = int(c.get("pid", -1))
+        p = info.get(pid, {})
+        kind = c.get("kind") or "native-mmap"
+        out.append(Candidate(
+            kind=kind, pid=pid, mb_per_min=mbm, source="ledger", library=c.get("library"),
+            stack=[str(f) for f in (c.get("stack") or [])], evidence=[str(e) for e in (c.get("evidence") or [])],
+            outstanding_bytes=int(c.get("outstanding_bytes") or 0),
+            cls="heap" if kind == "malloc-heap" else "anon", python=p.get("python", False),
+            label=p.get("label", "other"), title=p.get("title", "?"),
+            extra={k: v for k, v in c.items() if k not in ("kind", "pid", "mb_per_min", "library", "stack",
+                                                           "evidence", "outstanding_bytes")}))
+    return out, True
+
+
+def watcher_candidates(reader: Any, procs: pd.DataFrame, info: dict[int, dict[str, Any]],
+                       shm: pd.DataFrame | None, th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
+    """The growing memory classes of each leaking process (no library: /proc alone cannot name it)."""
+    cu = reader.table("class_usage")
+    ctab = class_rate_table(cu) if not cu.empty else class_rate_table(pd.DataFrame())
+    out: list[Candidate] = []
+    for _, p in procs.iterrows():
+        if not is_leaking(p, th):
+            continue
+        pid = int(p["pid"])
+        pi = info.get(pid, {})
+        mine = ctab[(ctab["pid"] == pid) & (ctab["mb_per_min"] >= th["class_mb_per_min"])
+                    & (ctab["confidence"] >= th["class_confidence"]) & (~ctab["step"].astype(bool))]
+        classes = [(str(r.cls), float(r.mb_per_min), float(r.confidence)) for r in mine.itertuples()]
+        if not classes:
+            cls = "anon" if p["anon_mb_per_min"] >= th["leak_mb_per_min"] else "other"
+            classes = [(cls, float(max(p["anon_mb_per_min"], p["rss_mb_per_min"])), float(p["rss_confidence"]))]
+        for cls, mbm, conf in classes:
+            if cls == "anon" and len(classes) == 1:
+                # The rollup's anonymous figure is sampled every tick (class usage every N ticks).
+                mbm, conf = float(p["anon_mb_per_min"]), float(p["anon_confidence"])
+            ev = [f"RSS {p['rss_mb_per_min']:.2f} MB/min (confidence {p['rss_confidence']:.2f}), anonymous "
+                  f"{p['anon_mb_per_min']:.2f} MB/min over {p['t_last'] - p['t_first']:.0f} s; "
+                  f"class '{cls}' grows {mbm:.2f} MB/min (confidence {conf:.2f})"]
+            paths: list[str] = []
+            if cls == "shm" and shm is not None and not shm.empty:
+                mine_shm = shm[(shm["pid"] == pid)]
+                new = mine_shm[mine_shm["new"]] if mine_shm["new"].any() else mine_shm
+                paths = list(new["path"])
+                ev.append(f"segments mapped: {summarize_paths(paths, list(new['rss']))}")
+            if pi.get("python") and cls in ("anon", "heap", "arena"):
+                ev.append("the process is a Python interpreter: the eBPF probe (calling library) or --pyheap "
+                          "(GC-tracked objects) tells Python objects from native memory")
+            out.append(Candidate(kind=KIND_OF_CLASS.get(cls, "other"), pid=pid, mb_per_min=mbm, source="watcher",
+                                 cls=cls, evidence=ev, paths=paths, python=pi.get("python", False),
+                                 label=pi.get("label", "other"), title=pi.get("title", "?"), extra={"confidence": conf}))
+    return out
+
+
+_PYHEAP_COUNT_COLUMNS = ("gc_objects", "tracked_objects", "gc_tracked", "objects", "gc_count_total")
+
+
+def pyheap_growth(reader: Any) -> dict[int, dict[str, Any]]:
+    """Per pid: the Python heap probe's last state and the rate of its object count, when that ran."""
+    if "pyheap" not in reader.tables():
+        return {}
+    ph = reader.table("pyheap")
+    if ph.empty or "pid" not in ph.columns or "t" not in ph.columns:
+        return {}
+    ph = ph.copy()
+    if "tracked" in ph.columns:
+        # objects the collector tracks, plus those gc.freeze() moved out of its sight (vLLM freezes
+        # its start-up heap; objects frozen later still grow memory)
+        ph["_objects"] = ph["tracked"].clip(lower=0).fillna(0)
+        if "frozen" in ph.columns:
+            ph["_objects"] += ph["frozen"].clip(lower=0).fillna(0)
+    col = next((c for c in ("_objects", *_PYHEAP_COUNT_COLUMNS) if c in ph.columns), None)
+    from leaktrace.analysis.growth import rate
+
+    out: dict[int, dict[str, Any]] = {}
+    for pid, g in ph.groupby("pid"):
+        g = g.sort_values("t")
+        last = {k: (v.item() if hasattr(v, "item") else v) for k, v in g.iloc[-1].items()
+                if k not in ("pid", "_objects") and v is not None and not (isinstance(v, float) and pd.isna(v))}
+        state: dict[str, Any] = {"last": last}
+        name = "tracked+frozen" if col == "_objects" else col
+        gc_ = g.dropna(subset=[col]) if col is not None else g.iloc[0:0]
+        if col == "_objects" and "tracked" in g.columns:
+            gc_ = g[g["tracked"].notna()]  # the probe walks the GC lists only now and then
+        if len(gc_) == 2:
+            # two walks (typically first and last): a plain difference, stated as such
+            (t0, n0), (t1, n1) = zip(gc_["t"], gc_[col], strict=True)
+            per_min = (n1 - n0) / max(t1 - t0, 1e-9) * 60.0
+            grows = n1 - n0 >= 1000 and n1 >= 1.1 * n0
+            state.update({"count_column": name, "objects_per_min": round(float(per_min), 1),
+                          "confidence": 1.0 if grows else 0.0, "step": False, "walks": 2})
+        elif len(gc_) >= 3:
+            r = rate(gc_["t"].to_numpy(dtype=float), gc_[col].to_numpy(dtype=float))
+            state.update({"count_column": name, "walks": len(gc_), "objects_per_min": round(r.per_s * 60.0, 1),
+                          "confidence": round(r.confidence, 3), "step": r.step})
+        out[int(pid)] = state
+    return out
+
+
+def python_candidates(procs: pd.DataFrame, info: dict[int, dict[str, Any]], pyheap: dict[int, dict[str, Any]],
+                      ledger_ran: bool, ledger: list[Candidate], th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
+    """Python-level growth: the heap probe sees objects pile up, or RSS grows while the eBPF ledger
+    sees no native mapping growing in that (Python) process."""
+    out = []
+    for _, p in procs.iterrows():
+        pid = int(p["pid"])
+        pi = info.get(pid, {})
+        if not is_leaking(p, th) or not pi.get("python"):
+            continue
+        ev = []
+        ph = pyheap.get(pid, {})
+        if ph.get("objects_per_min", 0) > 0 and ph.get("confidence", 0) >= th["min_confidence"] and not ph.get("step"):
+            ev.append(f"the Python heap probe counts +{ph['objects_per_min']:.0f} GC-tracked objects/min "
+                      f"(confidence {ph['confidence']:.2f})")
+        native_rate = sum(c.mb_per_min for c in ledger if c.pid == pid)
+        if ledger_ran and native_rate < 0.1 * float(p["rss_mb_per_min"]):
+            ev.append(f"RSS grows {p['rss_mb_per_min']:.2f} MB/min while the eBPF ledger attributes only "
+                      f"{native_rate:.2f} MB/min to native mappings of this process")
+        if ev:
+            out.append(Candidate(kind="python-heap", pid=pid, mb_per_min=float(p["rss_mb_per_min"]), source="pyheap"
+                                 if ph else "ledger-gap", library=None, cls="python", python=True,
+                                 label=pi.get("label", "other"), title=pi.get("title", "?"), evidence=ev))
+    return out
+
+
