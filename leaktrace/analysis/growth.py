@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from leaktrace.slope import theil_sen
+
 MB = 1024 * 1024
-# Points used for the pairwise slope (O(n²) pairs): enough for a stable median, bounded cost.
-MAX_POINTS = 300
 # Warm-up: the first WARMUP_FRACTION of the span, at most WARMUP_MAX_S, is excluded (start-up
 # allocations, imports, first-request caches).
 WARMUP_FRACTION = 0.1
@@ -47,32 +47,6 @@ class Rate:
     def steady_mb_per_min(self) -> float:
         """The rate as a leak figure: 0 when the rise is a step."""
         return 0.0 if self.step else self.mb_per_min
-
-
-def _subsample(t: np.ndarray, y: np.ndarray, k: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    if len(t) <= k:
-        return t, y
-    idx = np.linspace(0, len(t) - 1, k).astype(int)
-    return t[idx], y[idx]
-
-
-def theil_sen(t: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[float, float]:
-    """(slope, fraction of pairwise slopes agreeing in sign). Subsamples evenly beyond ``max_points``."""
-    if len(t) < 2:
-        return 0.0, 0.0
-    t, y = _subsample(t, y, max_points)
-    i, j = np.triu_indices(len(t), k=1)
-    dt = t[j] - t[i]
-    ok = dt > 0
-    if not ok.any():
-        return 0.0, 0.0
-    slopes = (y[j] - y[i])[ok] / dt[ok]
-    slope = float(np.median(slopes))
-    if slope == 0:
-        agree = float(np.mean(slopes == 0))
-    else:
-        agree = float(np.mean(np.sign(slopes) == np.sign(slope)))
-    return slope, agree
 
 
 def warmup_cut(t: np.ndarray, warmup_s: float | None = None) -> float:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.growth import MB, theil_sen
+from leaktrace.analysis.growth import MB
+from leaktrace.slope import theil_sen
 
 # Points of the pairwise slope of a load series (growth per request): what this analysis always used.
 LOAD_SLOPE_POINTS = 400

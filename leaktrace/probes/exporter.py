@@ -24,8 +24,8 @@ import threading
 from typing import Any
 
 from leaktrace.errors import UsageError
-from leaktrace.live import RecentRates
 from leaktrace.probes import HuntContext
+from leaktrace.probes.recent import RecentRates
 
 DEFAULT_ADDR = "127.0.0.1"
 
