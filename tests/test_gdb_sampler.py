@@ -17,7 +17,8 @@ from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
 
 from leaktrace import procfs
 from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, libraries_in_order
-from leaktrace.probes.gdb import PauseBudget, proc_state, sample_process, tracer_of
+from leaktrace.probes.gdb.attach import PauseBudget, sample_process
+from leaktrace.probes.gdb.checks import proc_state, tracer_of
 from leaktrace.session import SessionReader
 
 pytestmark = [pytest.mark.gdb,
@@ -273,7 +274,7 @@ def test_hunt_when_ptrace_is_refused(spawn, gdb_target_bin, tmp_path):
 def test_direct_attach_refused_is_typed(spawn, gdb_target_bin):
     """Without the preflight (a race: traced between the check and the attach) gdb's refusal is typed too."""
     from leaktrace.errors import GdbUnavailable
-    from leaktrace.probes.gdb import GdbAttach
+    from leaktrace.probes.gdb.attach import GdbAttach
 
     target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5"])
     other = spawn([sys.executable, "-c", SEIZE_TRACER, target.pid])
@@ -325,7 +326,7 @@ def test_real_ucx_pool_growth_stack_through_the_hooks(spawn):
 
 def test_seed002_manual_script(spawn, gdb_target_bin):
     """The documented manual recipe finds the raw syscall(SYS_mmap) caller and leaves the target intact."""
-    from leaktrace.probes.gdb import SEED002_SCRIPT, find_gdb
+    from leaktrace.probes.gdb.checks import SEED002_SCRIPT, find_gdb
 
     target = spawn([gdb_target_bin, "--threads", "2", "--per-thread-per-s", "20"])
     res = subprocess.run([find_gdb(), "-nx", "-batch", "-p", str(target.pid), "-x", str(SEED002_SCRIPT)],
