@@ -271,6 +271,19 @@ def test_hunt_when_ptrace_is_refused(spawn, gdb_target_bin, tmp_path):
     assert proc_state(target.pid) not in (None, "T", "t")
 
 
+def test_target_whose_name_is_not_utf8(spawn, gdb_target_bin, tmp_path):
+    """A process name is bytes (cut at 15, maybe mid-character): the driver reads /proc through procfs,
+    so its state and tracer are still known and the preflight passes (they raised UnicodeDecodeError)."""
+    from leaktrace.probes.gdb.checks import preflight
+
+    exe = tmp_path / os.fsdecode(b"gdbtgt-\xc3\x28")  # the name becomes the process's comm
+    exe.symlink_to(gdb_target_bin)
+    target = spawn([exe, "--threads", "1", "--per-thread-per-s", "20"])
+    assert procfs.read_proc_bytes(target.pid, "comm") == b"gdbtgt-\xc3(\n"
+    assert proc_state(target.pid) in ("R", "S") and tracer_of(target.pid) == 0
+    preflight([target.pid])
+
+
 def test_direct_attach_refused_is_typed(spawn, gdb_target_bin):
     """Without the preflight (a race: traced between the check and the attach) gdb's refusal is typed too."""
     from leaktrace.errors import GdbUnavailable

@@ -8,11 +8,10 @@ import platform
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
-from leaktrace import resources
-from leaktrace.errors import GdbUnavailable
+from leaktrace import procfs, resources
+from leaktrace.errors import AccessDenied, GdbUnavailable, NoSuchProcess
 
 # The installed copy or the checkout's (leaktrace/resources.py). Never fails at import: when absent,
 # gdb_doctor_checks reports it and preflight stops the hunt with its remedy.
@@ -27,37 +26,24 @@ def find_gdb() -> str | None:
     return os.environ.get("LEAKTRACE_GDB") or shutil.which("gdb")
 
 
-def _read_first_line(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.readline().strip()
-    except OSError:
-        return None
-
-
 def has_cap_sys_ptrace() -> bool:
-    for line in (Path("/proc/self/status").read_text().splitlines()):
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
-    return False
+    return bool(procfs.status_int(procfs.read_self_status(), "CapEff", 16) >> CAP_SYS_PTRACE & 1)
 
 
 def tracer_of(pid: int) -> int:
+    """The pid tracing ``pid``; 0 when none, or when the process is gone or unreadable."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("TracerPid:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return procfs.status_int(procfs.read_status(pid), "TracerPid")
+    except (NoSuchProcess, AccessDenied, OSError):
+        return 0
 
 
 def proc_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, T, t, Z…); None when the process is gone or unreadable."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return str(procfs.read_stat(pid)["state"])
+    except (NoSuchProcess, AccessDenied, OSError):
         return None
-    return stat[stat.rindex(")") + 2]
 
 
 def gdb_environment() -> dict[str, str]:
@@ -92,7 +78,7 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
             checks.append({"name": "gdb version", "ok": False, "detail": f"gdb did not run: {e}",
                            "fix": "reinstall gdb"})
     checks.append(resources.GDB_SCRIPTS.doctor_check("gdb sampler script", SAMPLER_SCRIPT))
-    scope = _read_first_line("/proc/sys/kernel/yama/ptrace_scope")
+    scope = procfs.read_sysctl("kernel/yama/ptrace_scope")
     privileged = os.geteuid() == 0 or has_cap_sys_ptrace()
     if scope is None:
         ok, detail = True, "no Yama LSM: classic ptrace permissions (same uid, or CAP_SYS_PTRACE)"
@@ -124,8 +110,8 @@ def preflight(pids: list[int]) -> None:
             raise GdbUnavailable(f"ptrace not permitted: pid {pid} is already traced by pid {tracer}",
                                  "detach the other debugger/tracer, or pass --gdb-samples 0 or --no-gdb")
         try:
-            uid = os.stat(f"/proc/{pid}").st_uid
-        except OSError:
+            uid = procfs.read_owner_uid(pid)
+        except (NoSuchProcess, AccessDenied, OSError):
             continue
         if not privileged and uid != os.geteuid():
             raise GdbUnavailable(f"ptrace not permitted: pid {pid} belongs to uid {uid}",
