@@ -1,7 +1,7 @@
 """leaktrace's in-gdb stack sampler: runs inside gdb's own Python (``gdb -x sampler.py``).
 
 Handling a stop here costs ~0.2 ms (the target sees ~0.4 ms per stop, bench/bench_gdb.py); driving
-every stop over MI from another process costs ~1.5–4 ms. The driver (leaktrace/probes/gdb.py) talks to gdb over MI only to start and stop this program:
+every stop over MI from another process costs ~1.5–4 ms. The driver (leaktrace/probes/gdb/attach.py) talks to gdb over MI only to start and stop this program:
 
     leaktrace-sample CONFIG.json   attach to config["pid"] and sample in the background (returns at once)
     leaktrace-stop [REASON]        detach now (idempotent)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace.bccload import bpf_doctor_checks
-from leaktrace.probes.gdb import gdb_doctor_checks
+from leaktrace.probes.gdb.checks import gdb_doctor_checks
 
 CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21

@@ -18,7 +18,7 @@ from leaktrace.errors import LeaktraceError, NoSuchProcess, OutputNotWritable
 from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
 from leaktrace.probes.bpf import BpfProbe
 from leaktrace.probes.exporter import PrometheusExporter
-from leaktrace.probes.gdb import GdbProbe
+from leaktrace.probes.gdb.probe import GdbProbe
 from leaktrace.probes.metrics import MetricsProbe
 from leaktrace.probes.pyheap import PyHeapProbe
 from leaktrace.probes.ucx_state import UcxStateProbe

@@ -246,6 +246,12 @@ def status_kb(status: dict[str, str], key: str) -> int:
         return 0
 
 
+def status_int(status: dict[str, str], key: str, base: int = 10) -> int:
+    """A plain number (``TracerPid:  0``; ``CapEff: 000001ffffffffff`` with base 16); 0 when absent."""
+    parts = status.get(key, "").split()
+    return int(parts[0], base) if parts else 0
+
+
 def parse_stat(text: str) -> dict[str, object]:
     """/proc/PID/stat: comm may contain spaces and parentheses, so split at the last ')'."""
     lpar, rpar = text.find("("), text.rfind(")")
@@ -380,6 +386,31 @@ def read_status(pid: int) -> dict[str, str]:
 
 def read_stat(pid: int) -> dict[str, object]:
     return parse_stat(read_proc_text(pid, "stat"))
+
+
+def read_self_status() -> dict[str, str]:
+    """/proc/self/status: this process's own (its capabilities). An unreadable /proc raises OSError."""
+    with open(f"{PROC}/self/status", encoding="utf-8", errors="surrogateescape") as f:
+        return parse_status(f.read())
+
+
+def read_owner_uid(pid: int) -> int:
+    """The owner of /proc/PID: the process's effective uid (root for a non-dumpable process)."""
+    try:
+        return os.stat(f"{PROC}/{pid}").st_uid
+    except FileNotFoundError as e:
+        raise ProcessGone(pid) from e
+    except PermissionError as e:
+        raise AccessDenied(pid, f"/proc/{pid}") from e
+
+
+def read_sysctl(name: str) -> str | None:
+    """The first line of /proc/sys/NAME (``kernel/yama/ptrace_scope``), stripped; None when unreadable."""
+    try:
+        with open(f"{PROC}/sys/{name}", encoding="utf-8", errors="surrogateescape") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
 
 
 def read_environ(pid: int, redact: bool = True) -> dict[str, str]:

@@ -15,7 +15,8 @@ from conftest import LEAKTRACE, REPO, wait_for
 from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
 
 from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, join_samples_to_regions
-from leaktrace.probes.gdb import sample_row, stack_strings, tracer_of
+from leaktrace.probes.gdb.checks import tracer_of
+from leaktrace.probes.gdb.rows import sample_row, stack_strings
 from leaktrace.session import SessionReader, SessionWriter
 
 

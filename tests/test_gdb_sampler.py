@@ -17,7 +17,8 @@ from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
 
 from leaktrace import procfs
 from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, libraries_in_order
-from leaktrace.probes.gdb import PauseBudget, proc_state, sample_process, tracer_of
+from leaktrace.probes.gdb.attach import PauseBudget, sample_process
+from leaktrace.probes.gdb.checks import proc_state, tracer_of
 from leaktrace.session import SessionReader
 
 pytestmark = [pytest.mark.gdb,
@@ -270,10 +271,23 @@ def test_hunt_when_ptrace_is_refused(spawn, gdb_target_bin, tmp_path):
     assert proc_state(target.pid) not in (None, "T", "t")
 
 
+def test_target_whose_name_is_not_utf8(spawn, gdb_target_bin, tmp_path):
+    """A process name is bytes (cut at 15, maybe mid-character): the driver reads /proc through procfs,
+    so its state and tracer are still known and the preflight passes (they raised UnicodeDecodeError)."""
+    from leaktrace.probes.gdb.checks import preflight
+
+    exe = tmp_path / os.fsdecode(b"gdbtgt-\xc3\x28")  # the name becomes the process's comm
+    exe.symlink_to(gdb_target_bin)
+    target = spawn([exe, "--threads", "1", "--per-thread-per-s", "20"])
+    assert procfs.read_proc_bytes(target.pid, "comm") == b"gdbtgt-\xc3(\n"
+    assert proc_state(target.pid) in ("R", "S") and tracer_of(target.pid) == 0
+    preflight([target.pid])
+
+
 def test_direct_attach_refused_is_typed(spawn, gdb_target_bin):
     """Without the preflight (a race: traced between the check and the attach) gdb's refusal is typed too."""
     from leaktrace.errors import GdbUnavailable
-    from leaktrace.probes.gdb import GdbAttach
+    from leaktrace.probes.gdb.attach import GdbAttach
 
     target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5"])
     other = spawn([sys.executable, "-c", SEIZE_TRACER, target.pid])
@@ -325,7 +339,7 @@ def test_real_ucx_pool_growth_stack_through_the_hooks(spawn):
 
 def test_seed002_manual_script(spawn, gdb_target_bin):
     """The documented manual recipe finds the raw syscall(SYS_mmap) caller and leaves the target intact."""
-    from leaktrace.probes.gdb import SEED002_SCRIPT, find_gdb
+    from leaktrace.probes.gdb.checks import SEED002_SCRIPT, find_gdb
 
     target = spawn([gdb_target_bin, "--threads", "2", "--per-thread-per-s", "20"])
     res = subprocess.run([find_gdb(), "-nx", "-batch", "-p", str(target.pid), "-x", str(SEED002_SCRIPT)],

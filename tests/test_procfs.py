@@ -33,6 +33,21 @@ def test_recorded_status():
     assert procfs.status_kb(st, "VmRSS") > 0
 
 
+def test_status_numbers_and_owner():
+    st = procfs.parse_status((DATA / "leaker.status").read_text())
+    assert procfs.status_int(st, "TracerPid") == 0 and procfs.status_int(st, "Missing") == 0
+    assert procfs.status_int(st, "CapEff", 16) == 0x1fffeffffff  # CapEff:\t000001fffeffffff
+    assert procfs.status_int(procfs.read_self_status(), "Pid") == os.getpid()
+    assert procfs.read_owner_uid(os.getpid()) == os.geteuid()
+    assert procfs.read_sysctl("kernel/pid_max").isdigit() and procfs.read_sysctl("no/such/knob") is None
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    with pytest.raises(ProcessGone):
+        procfs.read_owner_uid(p.pid)
+
+
 def test_maps_line_with_spaces_and_deleted():
     line = "7f0000000000-7f0000001000 rw-s 00000000 00:1b 42          /dev/shm/a b (deleted)"
     m = procfs.parse_maps_line(line)

@@ -1,4 +1,4 @@
-"""The gdb stack sampler: full stacks at the mmap/munmap/mremap syscalls, bounded pause, always detaches.
+"""One gdb attach: start gdb, run the in-gdb sampler on one process, tail its records, always detach.
 
 gdb is started through pygdbmi and runs leaktrace's in-gdb program (gdb_scripts/sampler.py, gdb's own
 Python: ~0.4 ms of pause per stop seen by the target, against ~1.5–4 ms when every stop is driven over MI;
@@ -27,39 +27,13 @@ Never harm the target:
 - The attach stops the whole process briefly (``attach_s``, 0.1–0.2 s, torch loaded or not: symbols
   are read afterwards while it runs, ``symbols_s``); it is reported apart from the per-stop budget.
   The probe samples each process once per hunt.
-
-Session tables written by :class:`GdbProbe`:
-
-``gdb_samples`` — one row per recorded syscall exit:
-    t (s since hunt start), pid, tid, run (index of the gdb_runs row), syscall ("mmap" | "mremap" |
-    "munmap"), addr (mmap/mremap: the returned address; munmap: the address unmapped; 0 on error),
-    length (bytes mapped / new length / bytes unmapped), old_addr, old_length (mremap only, else 0),
-    result (raw return value, signed), error (errno, 0 on success), stop_us (time this stop spent in
-    the in-gdb handler, µs), frames (JSON list, innermost first, of {pc, library, path, symbol, offset,
-    file_offset, python?}: ``library`` is the mapped file's name from /proc/PID/maps, so stripped
-    frames still have one; ``symbol``/``offset`` when gdb knows them (debug info or ELF symbols);
-    ``file_offset`` the pc as an offset in that file; ``python`` the Python frames run by a
-    _PyEval_EvalFrameDefault frame, as [{func, file, line}]), stack (JSON list of
-    "libfoo.so!func+0x12" strings, the same frames formatted), python (bool: Python frames present).
-
-``gdb_runs`` — one row per attach:
-    t_start, t_end, pid, run, stops (catchpoint stops, 2 per syscall), samples (mmap/mremap
-    recorded), paused_s (time stopped in handlers + a per-stop allowance for gdb's own work),
-    handler_s, attach_s (whole-process stop during the attach), symbols_s (reading symbols afterwards,
-    target running), threads, reason (why it ended:
-    "samples", "time", "budget: …", "stopped", "interrupted", "target exited", "attach failed: …"),
-    python (Python-frame support: "ok: …", "n/a: …", "unavailable: why"), state_after (/proc state
-    letter after detach), tracer_after (TracerPid after), sigcont (bool: we had to resume it).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import queue
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -69,25 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leaktrace import resources
 from leaktrace.errors import GdbUnavailable, NoSuchProcess
-
-# The installed copy or the checkout's (leaktrace/resources.py). Never fails at import: when absent,
-# gdb_doctor_checks reports it and preflight stops the hunt with its remedy.
-SCRIPTS_DIR = resources.GDB_SCRIPTS.located()
-SAMPLER_SCRIPT = SCRIPTS_DIR / "sampler.py"
-SEED002_SCRIPT = SCRIPTS_DIR / "seed002_syscall_mmap.gdb"
+from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
 MI_ASYNC_ON = "-gdb-set mi-async on"
 MI_RUN_SAMPLER = '-interpreter-exec console "leaktrace-sample {config}"'
 MI_STOP_SAMPLER = '-interpreter-exec console "leaktrace-stop {reason}"'
 MI_EXIT = "-gdb-exit"
-
-DEFAULT_SAMPLES_ON_GROWTH = 20  # --gdb-samples unset: this many per process, once it grows
-DEFAULT_SECONDS_PER_PROCESS = 10.0
-GROWTH_TRIGGER_BYTES = 8 << 20  # RSS above its first reading by this much → worth a few stacks
-CAP_SYS_PTRACE = 19
 
 
 @dataclass
@@ -127,118 +90,6 @@ class GdbRun:
         return [r for r in self.records if r.get("type") == "sample"]
 
 
-# ----------------------------------------------------------------------------- checks
-
-def find_gdb() -> str | None:
-    return os.environ.get("LEAKTRACE_GDB") or shutil.which("gdb")
-
-
-def _read_first_line(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.readline().strip()
-    except OSError:
-        return None
-
-
-def has_cap_sys_ptrace() -> bool:
-    for line in (Path("/proc/self/status").read_text().splitlines()):
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
-    return False
-
-
-def tracer_of(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("TracerPid:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
-
-
-def gdb_environment() -> dict[str, str]:
-    # gdb embeds the system Python: leaktrace's venv settings must not leak into it.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH", "PYTHONSTARTUP")}
-    env["LC_ALL"] = "C"
-    return env
-
-
-def gdb_doctor_checks() -> list[dict[str, Any]]:
-    """gdb present, its version, Python support, ptrace permission. Each: name, ok, detail, fix."""
-    checks: list[dict[str, Any]] = []
-    gdb = find_gdb()
-    checks.append({"name": "gdb", "ok": gdb is not None, "detail": gdb or "gdb not found on PATH",
-                   "fix": "" if gdb else "apt-get install gdb"})
-    if gdb:
-        try:
-            out = subprocess.run([gdb, "-nx", "-batch", "-ex", "show version", "-ex",
-                                  "python import sys; print('python', sys.version.split()[0])"],
-                                 capture_output=True, text=True, timeout=20, env=gdb_environment())
-            first = out.stdout.splitlines()[0] if out.stdout else out.stderr.strip()[:120]
-            m = re.search(r"(\d+)\.(\d+)", first)
-            major = int(m.group(1)) if m else 0
-            checks.append({"name": "gdb version", "ok": major >= 12, "detail": first,
-                           "fix": "" if major >= 12 else "the sampler needs gdb ≥ 12 (gdb.format_address, "
-                                                         "gdb_exiting): upgrade gdb"})
-            py = re.search(r"^python (\S+)", out.stdout, re.M)
-            checks.append({"name": "gdb python", "ok": py is not None,
-                           "detail": f"gdb's Python {py.group(1)}" if py else "gdb was built without Python",
-                           "fix": "" if py else "install a gdb built with Python (Debian's gdb package is)"})
-        except (OSError, subprocess.TimeoutExpired) as e:
-            checks.append({"name": "gdb version", "ok": False, "detail": f"gdb did not run: {e}",
-                           "fix": "reinstall gdb"})
-    checks.append(resources.GDB_SCRIPTS.doctor_check("gdb sampler script", SAMPLER_SCRIPT))
-    scope = _read_first_line("/proc/sys/kernel/yama/ptrace_scope")
-    privileged = os.geteuid() == 0 or has_cap_sys_ptrace()
-    if scope is None:
-        ok, detail = True, "no Yama LSM: classic ptrace permissions (same uid, or CAP_SYS_PTRACE)"
-    elif scope == "3":
-        ok, detail = False, "kernel.yama.ptrace_scope=3: no process may attach"
-    elif scope in ("1", "2") and not privileged:
-        ok, detail = False, f"kernel.yama.ptrace_scope={scope} and no CAP_SYS_PTRACE: cannot attach"
-    else:
-        ok, detail = True, f"kernel.yama.ptrace_scope={scope}" + (" (privileged)" if privileged else "")
-    checks.append({"name": "ptrace", "ok": ok, "detail": detail,
-                   "fix": "" if ok else "run as root / with CAP_SYS_PTRACE, or sysctl kernel.yama.ptrace_scope=1 "
-                                        "(3 needs a reboot)"})
-    return checks
-
-
-def preflight(pids: list[int]) -> None:
-    """Raise GdbUnavailable with one line when gdb cannot sample these processes."""
-    if platform.machine() != "x86_64":
-        raise GdbUnavailable(f"gdb sampler supports x86-64 only (this is {platform.machine()})",
-                             "pass --gdb-samples 0 or --no-gdb")
-    for check in gdb_doctor_checks():
-        if not check["ok"]:
-            raise GdbUnavailable(f"gdb sampler unavailable: {check['detail']}",
-                                 f"{check['fix']}; or pass --gdb-samples 0 or --no-gdb")
-    privileged = os.geteuid() == 0 or has_cap_sys_ptrace()
-    for pid in pids:
-        tracer = tracer_of(pid)
-        if tracer:
-            raise GdbUnavailable(f"ptrace not permitted: pid {pid} is already traced by pid {tracer}",
-                                 "detach the other debugger/tracer, or pass --gdb-samples 0 or --no-gdb")
-        try:
-            uid = os.stat(f"/proc/{pid}").st_uid
-        except OSError:
-            continue
-        if not privileged and uid != os.geteuid():
-            raise GdbUnavailable(f"ptrace not permitted: pid {pid} belongs to uid {uid}",
-                                 "run as root or with CAP_SYS_PTRACE, or pass --gdb-samples 0 or --no-gdb")
-
-
-# ----------------------------------------------------------------------------- one attach
 
 def _gdb_controller_class():
     from pygdbmi.gdbcontroller import GdbController
@@ -497,179 +348,3 @@ def sample_process(pid: int, max_samples: int = 20, max_seconds: float = 10.0, b
             on_records(attach.run.records[seen:])
         attach.cleanup()
     return attach.run
-
-
-# ----------------------------------------------------------------------------- rows
-
-def frame_string(frame: dict[str, Any]) -> str:
-    """'libfoo.so!func+0x12', or 'libfoo.so+0x1138' (offset in the file) when the symbol is unknown."""
-    lib = frame.get("library") or "?"
-    sym = frame.get("symbol")
-    if sym:
-        off = frame.get("offset")
-        return f"{lib}!{sym}+{off:#x}" if off else f"{lib}!{sym}"
-    if frame.get("file_offset") is not None:
-        return f"{lib}+{frame['file_offset']:#x}"
-    return f"{lib}!{frame.get('pc', 0):#x}"
-
-
-def stack_strings(frames: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for fr in frames:
-        out.append(frame_string(fr))
-        for py in fr.get("python") or []:
-            if "error" in py:
-                out.append(f"python!<{py['error']}>")
-            else:
-                out.append(f"python!{py.get('func')} ({py.get('file')}:{py.get('line')})")
-    return out
-
-
-def sample_row(rec: dict[str, Any], t: float, run: int) -> dict[str, Any]:
-    frames = rec.get("frames") or []
-    result = int(rec.get("result") or 0)
-    if result >= 1 << 63:
-        result -= 1 << 64
-    return {"t": t, "pid": int(rec["pid"]), "tid": int(rec.get("tid") or 0), "run": run,
-            "syscall": rec.get("syscall", ""), "addr": int(rec.get("addr") or 0),
-            "length": int(rec.get("length") or 0), "old_addr": int(rec.get("old_addr") or 0),
-            "old_length": int(rec.get("old_length") or 0), "result": result,
-            "error": int(rec.get("error") or 0), "stop_us": float(rec.get("stop_us") or 0.0),
-            "frames": json.dumps(frames, separators=(",", ":")),
-            "stack": json.dumps(stack_strings(frames)), "python": any("python" in f for f in frames)}
-
-
-def run_row(run: GdbRun, index: int, t_of) -> dict[str, Any]:
-    return {"t_start": t_of(run.t_start_mono) if run.t_start_mono else 0.0,
-            "t_end": t_of(run.t_end_mono) if run.t_end_mono else 0.0, "pid": run.pid, "run": index,
-            "stops": run.stops, "samples": run.samples, "paused_s": run.paused_s, "handler_s": run.handler_s,
-            "attach_s": run.attach_s, "symbols_s": run.symbols_s, "threads": run.threads, "reason": run.reason, "python": run.python,
-            "state_after": run.state_after or "", "tracer_after": int(run.tracer_after or 0),
-            "sigcont": run.sigcont}
-
-
-# ----------------------------------------------------------------------------- the probe
-
-class GdbProbe:
-    """Samples each process of the target tree in turn, in a background thread.
-
-    ``--gdb-samples N`` (N>0): every live process once, N mmap/mremap stacks each (or 10 s, or the
-    budget). Unset: only processes whose RSS or anonymous memory grew by ``GROWTH_TRIGGER_BYTES`` since
-    first seen (the watcher's figures), ``DEFAULT_SAMPLES_ON_GROWTH`` stacks each, once. gdb unusable (missing, no
-    Python, ptrace refused, target already traced) stops the hunt with one line (``GdbUnavailable``,
-    exit code 6) unless the user turned gdb off (``--gdb-samples 0`` / ``--no-gdb``)."""
-
-    name = "gdb"
-    required = True  # asked-for gdb that cannot work is an error the user must see, not a warning
-
-    def __init__(self, options: Any = None) -> None:
-        self.options = options
-        n = getattr(options, "gdb_samples", None)
-        extra = getattr(options, "extra", None) or {}
-        self.on_growth_only = n is None
-        self.samples_per_process = DEFAULT_SAMPLES_ON_GROWTH if n is None else int(n)
-        self.seconds_per_process = float(extra.get("gdb_seconds", DEFAULT_SECONDS_PER_PROCESS))
-        self.budget = PauseBudget(**extra.get("gdb_budget", {}))
-        self.ctx = None
-        self._queue: queue.Queue[int] = queue.Queue()
-        self._queued: set[int] = set()
-        self._first_seen: dict[tuple[int, str], int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._runs: list[GdbRun] = []
-        self._failures: list[str] = []
-        self._lock = threading.Lock()
-
-    def start(self, ctx: Any) -> None:
-        self.ctx = ctx
-        preflight(ctx.targets.live())
-        self._thread = threading.Thread(target=self._loop, name="gdb-sampler", daemon=True)
-        self._thread.start()
-        self._enqueue_due()
-
-    def tick(self, now: float) -> None:
-        self._enqueue_due()
-
-    def _enqueue_due(self) -> None:
-        live = self.ctx.targets.live()
-        if self.on_growth_only:
-            rollup = self.ctx.live.get("rollup") or {}
-            rss = dict(self.ctx.live.get("watcher") or {})
-            for pid in live:
-                figures = rollup.get(pid) or {"rss": rss.get(pid)}
-                for key in ("rss", "anon"):
-                    value = figures.get(key)
-                    if value is None:
-                        continue
-                    first = self._first_seen.setdefault((pid, key), value)
-                    if value - first >= GROWTH_TRIGGER_BYTES:
-                        self._enqueue(pid)
-        else:
-            for pid in live:
-                self._enqueue(pid)
-
-    def _enqueue(self, pid: int) -> None:
-        if pid in self._queued or pid == os.getpid():
-            return
-        self._queued.add(pid)
-        self._queue.put(pid)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                pid = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if self._stop.is_set():
-                break
-            self._sample(pid)
-
-    def _sample(self, pid: int) -> None:
-        session = self.ctx.session
-        t0_mono = session.meta["t0_monotonic"]
-        index = len(self._runs)
-
-        def t_of(mono: float) -> float:
-            return mono - t0_mono
-
-        def on_records(records: list[dict[str, Any]]) -> None:
-            rows = [sample_row(r, t_of(r.get("t_mono", time.monotonic())), index)
-                    for r in records if r.get("type") == "sample"]
-            session.append("gdb_samples", rows)
-
-        self.ctx.log(f"gdb: sampling pid {pid} (up to {self.samples_per_process} stacks, "
-                     f"{self.seconds_per_process:.0f} s)")
-        try:
-            # gdb's config and JSON lines live in the session directory: removed after each run, left
-            # there (with gdb's own end record) if leaktrace is killed mid-sampling.
-            workdir = session.path / "gdb"
-            workdir.mkdir(exist_ok=True)
-            run = sample_process(pid, self.samples_per_process, self.seconds_per_process, self.budget,
-                                 stop_event=self._stop, on_records=on_records, workdir=str(workdir))
-        except NoSuchProcess:
-            return
-        except GdbUnavailable as e:
-            self._failures.append(str(e))
-            self.ctx.warn(f"gdb: {e}")
-            run = GdbRun(pid=pid, reason=f"attach failed: {e.message}", t_start_mono=time.monotonic(),
-                         t_end_mono=time.monotonic())
-        with self._lock:
-            self._runs.append(run)
-        session.append("gdb_runs", run_row(run, index, t_of))
-        self.ctx.live["gdb"] = {"runs": len(self._runs), "samples": sum(r.samples for r in self._runs),
-                                "paused_s": sum(r.paused_s + r.attach_s for r in self._runs)}
-        self.ctx.log(f"gdb: pid {pid} done: {run.samples} stacks, {run.stops} stops, "
-                     f"paused {run.paused_s * 1000:.1f} ms + attach {run.attach_s * 1000:.0f} ms ({run.reason})")
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
-
-    def summary(self) -> dict[str, Any]:
-        with self._lock:
-            runs = list(self._runs)
-        return {"runs": len(runs), "samples": sum(r.samples for r in runs),
-                "stops": sum(r.stops for r in runs), "paused_s": sum(r.paused_s for r in runs),
-                "attach_s": sum(r.attach_s for r in runs), "reasons": [r.reason for r in runs],
-                "python": sorted({r.python for r in runs if r.python}), "failures": self._failures}

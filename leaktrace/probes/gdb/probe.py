@@ -1,0 +1,143 @@
+"""The hunt's gdb probe: samples the target tree's processes in turn, one attach each, into the session."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+from leaktrace.errors import GdbUnavailable, NoSuchProcess
+from leaktrace.probes.gdb.attach import GdbRun, PauseBudget, sample_process
+from leaktrace.probes.gdb.checks import preflight
+from leaktrace.probes.gdb.rows import run_row, sample_row
+
+DEFAULT_SAMPLES_ON_GROWTH = 20  # --gdb-samples unset: this many per process, once it grows
+DEFAULT_SECONDS_PER_PROCESS = 10.0
+GROWTH_TRIGGER_BYTES = 8 << 20  # RSS above its first reading by this much → worth a few stacks
+
+
+class GdbProbe:
+    """Samples each process of the target tree in turn, in a background thread.
+
+    ``--gdb-samples N`` (N>0): every live process once, N mmap/mremap stacks each (or 10 s, or the
+    budget). Unset: only processes whose RSS or anonymous memory grew by ``GROWTH_TRIGGER_BYTES`` since
+    first seen (the watcher's figures), ``DEFAULT_SAMPLES_ON_GROWTH`` stacks each, once. gdb unusable (missing, no
+    Python, ptrace refused, target already traced) stops the hunt with one line (``GdbUnavailable``,
+    exit code 6) unless the user turned gdb off (``--gdb-samples 0`` / ``--no-gdb``)."""
+
+    name = "gdb"
+    required = True  # asked-for gdb that cannot work is an error the user must see, not a warning
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options
+        n = getattr(options, "gdb_samples", None)
+        extra = getattr(options, "extra", None) or {}
+        self.on_growth_only = n is None
+        self.samples_per_process = DEFAULT_SAMPLES_ON_GROWTH if n is None else int(n)
+        self.seconds_per_process = float(extra.get("gdb_seconds", DEFAULT_SECONDS_PER_PROCESS))
+        self.budget = PauseBudget(**extra.get("gdb_budget", {}))
+        self.ctx = None
+        self._queue: queue.Queue[int] = queue.Queue()
+        self._queued: set[int] = set()
+        self._first_seen: dict[tuple[int, str], int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._runs: list[GdbRun] = []
+        self._failures: list[str] = []
+        self._lock = threading.Lock()
+
+    def start(self, ctx: Any) -> None:
+        self.ctx = ctx
+        preflight(ctx.targets.live())
+        self._thread = threading.Thread(target=self._loop, name="gdb-sampler", daemon=True)
+        self._thread.start()
+        self._enqueue_due()
+
+    def tick(self, now: float) -> None:
+        self._enqueue_due()
+
+    def _enqueue_due(self) -> None:
+        live = self.ctx.targets.live()
+        if self.on_growth_only:
+            rollup = self.ctx.live.get("rollup") or {}
+            rss = dict(self.ctx.live.get("watcher") or {})
+            for pid in live:
+                figures = rollup.get(pid) or {"rss": rss.get(pid)}
+                for key in ("rss", "anon"):
+                    value = figures.get(key)
+                    if value is None:
+                        continue
+                    first = self._first_seen.setdefault((pid, key), value)
+                    if value - first >= GROWTH_TRIGGER_BYTES:
+                        self._enqueue(pid)
+        else:
+            for pid in live:
+                self._enqueue(pid)
+
+    def _enqueue(self, pid: int) -> None:
+        if pid in self._queued or pid == os.getpid():
+            return
+        self._queued.add(pid)
+        self._queue.put(pid)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pid = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if self._stop.is_set():
+                break
+            self._sample(pid)
+
+    def _sample(self, pid: int) -> None:
+        session = self.ctx.session
+        t0_mono = session.meta["t0_monotonic"]
+        index = len(self._runs)
+
+        def t_of(mono: float) -> float:
+            return mono - t0_mono
+
+        def on_records(records: list[dict[str, Any]]) -> None:
+            rows = [sample_row(r, t_of(r.get("t_mono", time.monotonic())), index)
+                    for r in records if r.get("type") == "sample"]
+            session.append("gdb_samples", rows)
+
+        self.ctx.log(f"gdb: sampling pid {pid} (up to {self.samples_per_process} stacks, "
+                     f"{self.seconds_per_process:.0f} s)")
+        try:
+            # gdb's config and JSON lines live in the session directory: removed after each run, left
+            # there (with gdb's own end record) if leaktrace is killed mid-sampling.
+            workdir = session.path / "gdb"
+            workdir.mkdir(exist_ok=True)
+            run = sample_process(pid, self.samples_per_process, self.seconds_per_process, self.budget,
+                                 stop_event=self._stop, on_records=on_records, workdir=str(workdir))
+        except NoSuchProcess:
+            return
+        except GdbUnavailable as e:
+            self._failures.append(str(e))
+            self.ctx.warn(f"gdb: {e}")
+            run = GdbRun(pid=pid, reason=f"attach failed: {e.message}", t_start_mono=time.monotonic(),
+                         t_end_mono=time.monotonic())
+        with self._lock:
+            self._runs.append(run)
+        session.append("gdb_runs", run_row(run, index, t_of))
+        self.ctx.live["gdb"] = {"runs": len(self._runs), "samples": sum(r.samples for r in self._runs),
+                                "paused_s": sum(r.paused_s + r.attach_s for r in self._runs)}
+        self.ctx.log(f"gdb: pid {pid} done: {run.samples} stacks, {run.stops} stops, "
+                     f"paused {run.paused_s * 1000:.1f} ms + attach {run.attach_s * 1000:.0f} ms ({run.reason})")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            runs = list(self._runs)
+        return {"runs": len(runs), "samples": sum(r.samples for r in runs),
+                "stops": sum(r.stops for r in runs), "paused_s": sum(r.paused_s for r in runs),
+                "attach_s": sum(r.attach_s for r in runs), "reasons": [r.reason for r in runs],
+                "python": sorted({r.python for r in runs if r.python}), "failures": self._failures}
