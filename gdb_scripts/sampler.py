@@ -57,11 +57,12 @@ EVAL_FRAME = "_PyEval_EvalFrameDefault"
 def proc_state(pid):
     """(state letter, tracer pid) from /proc, or (None, None) when the process is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        # surrogateescape: a process name need not be UTF-8 (a multi-byte name cut at 15 bytes).
+        with open(f"/proc/{pid}/stat", errors="surrogateescape") as f:
             stat = f.read()
         state = stat[stat.rindex(")") + 2]
         tracer = 0
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/status", errors="surrogateescape") as f:
             for line in f:
                 if line.startswith("TracerPid:"):
                     tracer = int(line.split()[1])

@@ -282,6 +282,10 @@ def test_target_whose_name_is_not_utf8(spawn, gdb_target_bin, tmp_path):
     assert procfs.read_proc_bytes(target.pid, "comm") == b"gdbtgt-\xc3(\n"
     assert proc_state(target.pid) in ("R", "S") and tracer_of(target.pid) == 0
     preflight([target.pid])
+    # The in-gdb sampler reads the same files (gdb_scripts/sampler.py): it samples, then detaches.
+    run = sample_process(target.pid, max_samples=3, max_seconds=20)
+    assert run.samples == 3 and run.reason == "samples", run
+    assert run.state_after not in ("T", "t") and run.tracer_after == 0
 
 
 def test_direct_attach_refused_is_typed(spawn, gdb_target_bin):
