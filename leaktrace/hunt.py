@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -115,13 +114,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     locks = TargetLocks()  # one hunt per target process: a second one is refused (TargetBusy)
     locks.acquire(pids, str(out))
     try:
-        session = SessionWriter(out, meta={
-            "target": {"pids": pids},
-            "options": {k: procfs.redact_cmdline(v) if k == "metrics_urls" else v  # user:pass@ in URLs
-                        for k, v in asdict(options).items() if k != "extra"},
-            "argv": procfs.redact_cmdline(sys.argv),
-            **(meta or {}),
-        }, replace=replace)
+        session = _open_session(pids, options, out, meta, replace)
     except BaseException:
         locks.release()
         raise
@@ -138,78 +131,19 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
         _root, done = ensure_mounted()
         if done:
             log(done)
-    probes = build_probes(options, log)
     started: list[Probe] = []
     stop_reason = "deadline"
     fatal: LeaktraceError | None = None
     try:
-        for p in probes:
-            try:
-                p.start(ctx)
-                started.append(p)
-            except LeaktraceError as e:
-                if getattr(p, "required", False):
-                    fatal = e
-                    stop_reason = f"probe {p.name} failed: {e}"
-                    break
-                ctx.warn(f"{p.name} probe off: {e}")
-        attach_s = session.now()
-        session.update_meta(attach_s=attach_s, probes=[p.name for p in started])
-        if fatal is None:
-            log(f"attached {len(started)} probe(s) to {len(targets.live())} process(es) in {attach_s:.2f}s: "
-                + ", ".join(p.name for p in started))
+        fatal, stop_reason = _start_probes(build_probes(options, log), ctx, started)
         if not targets.live() and fatal is None:
             fatal = NoSuchProcess(pids[0], f"target pid(s) {pids} exited before the hunt started")
-        t_end = attach_s + options.duration
-        next_tick = session.now()
-        while fatal is None:
-            now = session.now()
-            for p in started:
-                try:
-                    p.tick(now)
-                except LeaktraceError as e:
-                    ctx.warn(f"{p.name}: {e}")
-            if on_tick is not None:
-                on_tick(ctx, now)
-            if flag.event.is_set():
-                stop_reason = flag.reason or "stopped"
-                break
-            if not targets.live():
-                stop_reason = "all targets exited"
-                break
-            if now >= t_end:
-                stop_reason = "deadline"
-                break
-            next_tick += options.interval
-            if flag.event.wait(max(0.0, min(next_tick, t_end) - session.now())):
-                stop_reason = flag.reason or "stopped"
-                # one last tick so the final state is recorded
-                for p in started:
-                    try:
-                        p.tick(session.now())
-                    except LeaktraceError:
-                        pass
-                break
+        if fatal is None:
+            stop_reason = _tick_until_stopped(started, ctx, flag, on_tick)
     finally:
-        for p in reversed(started):
-            try:
-                p.stop()
-            except Exception as e:  # noqa: BLE001 - stopping must reach every probe
-                ctx.warn(f"{p.name} stop: {e}")
-        summaries = {}
-        for p in started:
-            try:
-                summaries[p.name] = p.summary()
-            except Exception:  # noqa: BLE001
-                summaries[p.name] = {}
-        duration = session.now() - (session.meta.get("attach_s") or 0.0)
-        session.close(stop_reason=stop_reason, duration_s=duration, warnings=ctx.warnings,
-                      exited={str(k): v for k, v in targets.exited.items()}, probe_summaries=summaries,
-                      labels={str(k): v for k, v in targets.labels.items()})
+        duration = _stop_and_close(started, ctx, stop_reason)
         flag.restore()
         locks.release()
-        if session.write_error is not None:
-            ctx.warn(f"session write failed: {session.write_error}")
     if fatal is not None:
         raise fatal
     if session.write_error is not None:
@@ -225,7 +159,93 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     return HuntResult(out, stop_reason, duration, report, ctx.warnings)
 
 
-def wait_interruptible(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        time.sleep(min(0.2, end - time.monotonic()))
+def _open_session(pids: list[int], options: HuntOptions, out: Path, meta: dict[str, Any] | None,
+                  replace: bool) -> SessionWriter:
+    return SessionWriter(out, meta={
+        "target": {"pids": pids},
+        "options": {k: procfs.redact_cmdline(v) if k == "metrics_urls" else v  # user:pass@ in URLs
+                    for k, v in asdict(options).items() if k != "extra"},
+        "argv": procfs.redact_cmdline(sys.argv),
+        **(meta or {}),
+    }, replace=replace)
+
+
+def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -> tuple[LeaktraceError | None, str]:
+    """Start each probe (appending it to ``started``); (the error of a required probe that failed,
+    the stop reason it gives), or (None, "deadline")."""
+    fatal: LeaktraceError | None = None
+    stop_reason = "deadline"
+    for p in probes:
+        try:
+            p.start(ctx)
+            started.append(p)
+        except LeaktraceError as e:
+            if getattr(p, "required", False):
+                fatal = e
+                stop_reason = f"probe {p.name} failed: {e}"
+                break
+            ctx.warn(f"{p.name} probe off: {e}")
+    session = ctx.session
+    attach_s = session.now()
+    session.update_meta(attach_s=attach_s, probes=[p.name for p in started])
+    if fatal is None:
+        ctx.log(f"attached {len(started)} probe(s) to {len(ctx.targets.live())} process(es) in {attach_s:.2f}s: "
+                + ", ".join(p.name for p in started))
+    return fatal, stop_reason
+
+
+def _tick_all(started: list[Probe], ctx: HuntContext, now: float, warn: bool = True) -> None:
+    for p in started:
+        try:
+            p.tick(now)
+        except LeaktraceError as e:
+            if warn:
+                ctx.warn(f"{p.name}: {e}")
+
+
+def _tick_until_stopped(started: list[Probe], ctx: HuntContext, flag: _StopFlag,
+                        on_tick: Callable[[HuntContext, float], None] | None) -> str:
+    """The main loop: every probe ticks once per interval until the deadline, a signal or the end of
+    every target. Returns the stop reason."""
+    session, options = ctx.session, ctx.options
+    t_end = (session.meta.get("attach_s") or 0.0) + options.duration
+    next_tick = session.now()
+    while True:
+        now = session.now()
+        _tick_all(started, ctx, now)
+        if on_tick is not None:
+            on_tick(ctx, now)
+        if flag.event.is_set():
+            return flag.reason or "stopped"
+        if not ctx.targets.live():
+            return "all targets exited"
+        if now >= t_end:
+            return "deadline"
+        next_tick += options.interval
+        if flag.event.wait(max(0.0, min(next_tick, t_end) - session.now())):
+            _tick_all(started, ctx, session.now(), warn=False)  # one last tick: the final state is recorded
+            return flag.reason or "stopped"
+
+
+def _stop_and_close(started: list[Probe], ctx: HuntContext, stop_reason: str) -> float:
+    """Stop every started probe (each, whatever the others do), then close the session with their
+    summaries. Returns the hunt's duration (seconds since attach)."""
+    session, targets = ctx.session, ctx.targets
+    for p in reversed(started):
+        try:
+            p.stop()
+        except Exception as e:  # noqa: BLE001 - stopping must reach every probe
+            ctx.warn(f"{p.name} stop: {e}")
+    summaries = {}
+    for p in started:
+        try:
+            summaries[p.name] = p.summary()
+        except Exception:  # noqa: BLE001
+            summaries[p.name] = {}
+    duration = session.now() - (session.meta.get("attach_s") or 0.0)
+    session.close(stop_reason=stop_reason, duration_s=duration, warnings=ctx.warnings,
+                  exited={str(k): v for k, v in targets.exited.items()}, probe_summaries=summaries,
+                  labels={str(k): v for k, v in targets.labels.items()})
+    if session.write_error is not None:
+        ctx.warn(f"session write failed: {session.write_error}")
+    return duration
