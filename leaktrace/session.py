@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 import pyarrow as pa
@@ -251,6 +251,22 @@ def _conform(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
             for f in schema]
     extra = [n for n in tbl.column_names if n not in schema.names]  # newer writers may add columns
     return pa.Table.from_arrays(cols + [tbl.column(n) for n in extra], names=schema.names + extra)
+
+
+class TableSource(Protocol):
+    """What the analysis and the reporters read a session through: :class:`SessionReader`, or a view of
+    one (analysis/first_named.PrefixReader: the session cut at a time)."""
+
+    path: Path
+    meta: dict[str, Any]
+    skipped_parts: list[str]
+
+    @property
+    def complete(self) -> bool: ...
+
+    def tables(self) -> list[str]: ...
+
+    def table(self, name: str) -> pd.DataFrame: ...
 
 
 class SessionReader:

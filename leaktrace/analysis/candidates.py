@@ -13,6 +13,7 @@ import pandas as pd
 from leaktrace.analysis.growth import MB, class_rate_table
 from leaktrace.analysis.ledger import native_culprits
 from leaktrace.discover import LABELS, classify_argv
+from leaktrace.session import TableSource
 
 # Verdict thresholds (stated in the report so a reader can judge the verdict).
 THRESHOLDS: dict[str, float] = {
@@ -102,7 +103,7 @@ def process_label(recorded: str | None, comm: str, cmdline: str) -> tuple[str, s
     return label, title or comm or "?"
 
 
-def process_info(reader: Any) -> dict[int, dict[str, Any]]:
+def process_info(reader: TableSource) -> dict[int, dict[str, Any]]:
     procs = reader.table("processes")
     labels = reader.meta.get("labels", {}) or {}
     info: dict[int, dict[str, Any]] = {}
@@ -134,7 +135,7 @@ def is_doubtful(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
     return False
 
 
-def ucx_effective(reader: Any, pid: int) -> str | None:
+def ucx_effective(reader: TableSource, pid: int) -> str | None:
     if "ucx_state" not in reader.tables():
         return None
     st = reader.table("ucx_state")
@@ -157,7 +158,7 @@ def ucx_effective(reader: Any, pid: int) -> str | None:
     return "; ".join(parts) or None
 
 
-def ledger_candidates(reader: Any, info: dict[int, dict[str, Any]], warnings: list[str],
+def ledger_candidates(reader: TableSource, info: dict[int, dict[str, Any]], warnings: list[str],
                       th: dict[str, float] = THRESHOLDS) -> tuple[list[Candidate], bool]:
     """(candidates named by the eBPF ledger, whether the ledger ran)."""
     if not any(t.startswith("ledger") for t in reader.tables()):
@@ -186,7 +187,7 @@ def ledger_candidates(reader: Any, info: dict[int, dict[str, Any]], warnings: li
     return out, True
 
 
-def watcher_candidates(reader: Any, procs: pd.DataFrame, info: dict[int, dict[str, Any]],
+def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[str, Any]],
                        shm: pd.DataFrame | None, th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
     """The growing memory classes of each leaking process (no library: /proc alone cannot name it)."""
     cu = reader.table("class_usage")
@@ -228,7 +229,7 @@ def watcher_candidates(reader: Any, procs: pd.DataFrame, info: dict[int, dict[st
 _PYHEAP_COUNT_COLUMNS = ("gc_objects", "tracked_objects", "gc_tracked", "objects", "gc_count_total")
 
 
-def pyheap_growth(reader: Any) -> dict[int, dict[str, Any]]:
+def pyheap_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
     """Per pid: the Python heap probe's last state and the rate of its object count, when that ran."""
     if "pyheap" not in reader.tables():
         return {}

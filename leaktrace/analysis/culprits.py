@@ -34,9 +34,10 @@ from leaktrace.analysis.candidates import (
 from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.rules import Rule, load_rules, render_template
+from leaktrace.session import TableSource
 
 
-def explain(c: Candidate, rules: list[Rule], reader: Any) -> dict[str, Any]:
+def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, Any]:
     # The calling library decides first, unless it is libc itself (the syscall wrapper of everyone):
     # then the stack says more, and rules are tried in file order.
     by_library = c.library and not LIBC_LIBRARY.match(c.library.rsplit("/", 1)[-1])
@@ -96,7 +97,7 @@ def _order(culprits: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                            -(c["outstanding_bytes"] or 0)))
 
 
-def find_culprits(reader: Any, procs: pd.DataFrame, info: dict[int, dict[str, Any]] | None = None,
+def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[str, Any]] | None = None,
                   shm: pd.DataFrame | None = None, warnings: list[str] | None = None,
                   rules: list[Rule] | None = None, th: dict[str, float] = THRESHOLDS) -> Findings:
     info = info if info is not None else process_info(reader)
@@ -119,7 +120,7 @@ def find_culprits(reader: Any, procs: pd.DataFrame, info: dict[int, dict[str, An
     return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap)
 
 
-def _gdb_stacks_through(reader: Any, pid: int, site: str) -> list[list[str]]:
+def _gdb_stacks_through(reader: TableSource, pid: int, site: str) -> list[list[str]]:
     """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site."""
     df = gdb_samples(reader)
     if df.empty or "stack" not in df.columns:
@@ -132,7 +133,7 @@ def _gdb_stacks_through(reader: Any, pid: int, site: str) -> list[list[str]]:
     return [[str(f) for f in st] for st in df["stack"] if st is not None and site in [str(f) for f in st]]
 
 
-def _add_gdb_stacks(reader: Any, cands: list[Candidate], warnings: list[str]) -> None:
+def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[str]) -> None:
     """Fuller call paths from gdb (DWARF unwinding, no frame pointers needed). With a ledger stack, only a
     gdb stack through the same call site is used: other samples of the library may be innocent paths
     (the same .so also maps and unmaps at once elsewhere)."""

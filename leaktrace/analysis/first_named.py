@@ -9,6 +9,7 @@ import pandas as pd
 
 from leaktrace.analysis.candidates import THRESHOLDS, is_leaking, ledger_candidates, process_info
 from leaktrace.analysis.growth import process_rates
+from leaktrace.session import TableSource
 
 _SNAPSHOT_KIND = {"native-mmap": "anon", "malloc-heap": "heap"}
 
@@ -51,7 +52,7 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
 class PrefixReader:
     """A read-only view of a session cut at ``t <= t_max`` (what the analysis knew at that moment)."""
 
-    def __init__(self, reader: Any, t_max: float) -> None:
+    def __init__(self, reader: TableSource, t_max: float) -> None:
         self._base = reader
         self.t_max = t_max
         self.path = reader.path
@@ -75,7 +76,7 @@ def culprit_key(c: dict[str, Any]) -> tuple[Any, ...]:
     return (c["pid"], c.get("source"), c.get("cls"))
 
 
-def first_named(reader: Any, culprits: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS,
+def first_named(reader: TableSource, culprits: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS,
                 max_culprits: int = 8) -> None:
     """Sets ``first_named_s`` (seconds from attach) on each culprit: the earliest watcher tick at which
     re-running the naming step on the session prefix names it (binary search; naming is monotone in

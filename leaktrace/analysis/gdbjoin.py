@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from leaktrace.session import TableSource
+
 MAPPING_SYSCALLS = ("mmap", "mremap")
 
 
@@ -33,7 +35,7 @@ def _json_list(value: Any) -> list:
     return out if isinstance(out, list) else []
 
 
-def gdb_samples(reader: Any) -> pd.DataFrame:
+def gdb_samples(reader: TableSource) -> pd.DataFrame:
     """The ``gdb_samples`` table with ``frames`` and ``stack`` decoded into Python lists."""
     df = reader.table("gdb_samples")
     if df.empty:
@@ -44,7 +46,7 @@ def gdb_samples(reader: Any) -> pd.DataFrame:
     return df
 
 
-def candidate_regions(reader: Any) -> pd.DataFrame:
+def candidate_regions(reader: TableSource) -> pd.DataFrame:
     """Regions to attach stacks to: the ledger's when present, else the watcher's last smaps."""
     ledger = reader.table("ledger_regions")
     if not ledger.empty and {"pid", "start", "end"} <= set(ledger.columns):
@@ -98,7 +100,7 @@ def join_samples_to_regions(samples: pd.DataFrame, regions: pd.DataFrame) -> pd.
     return out
 
 
-def join_regions(reader: Any, regions: pd.DataFrame | None = None) -> pd.DataFrame:
+def join_regions(reader: TableSource, regions: pd.DataFrame | None = None) -> pd.DataFrame:
     """:func:`join_samples_to_regions` over a session (regions: the ledger's, else the watcher's)."""
     return join_samples_to_regions(gdb_samples(reader), candidate_regions(reader) if regions is None else regions)
 
@@ -107,7 +109,7 @@ def _frames_name_library(frames: list[dict[str, Any]], library: str) -> bool:
     return any(f.get("library") == library or (f.get("path") or "").endswith("/" + library) for f in frames)
 
 
-def gdb_stack_for(reader: Any, pid: int, library: str | None) -> list[str]:
+def gdb_stack_for(reader: TableSource, pid: int, library: str | None) -> list[str]:
     """The gdb stack to show for a culprit: among this pid's successful mmap/mremap samples whose
     frames include ``library`` (any sample when ``library`` is None), the most frequent stack (the
     latest on a tie), as "libfoo.so!func+0x12" strings, innermost first. [] when none."""

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.growth import MB, rate
+from leaktrace.session import TableSource
 
 # Snapshot kinds that make a culprit, and the culprit kind each becomes.
 CULPRIT_KINDS = {"anon": "native-mmap", "heap": "malloc-heap"}
@@ -25,7 +26,7 @@ def _last_tick(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["t"] == df["t"].max()]
 
 
-def ledger_summary(reader: Any) -> dict[str, Any]:
+def ledger_summary(reader: TableSource) -> dict[str, Any]:
     snaps = reader.table("ledger_snapshots")
     counters = reader.table("bpf_counters")
     regions = reader.table("ledger_regions")
@@ -63,7 +64,7 @@ def _series(snaps: pd.DataFrame, ticks: np.ndarray, pid: int, library: str, kind
     return grid, y
 
 
-def native_culprits(reader: Any) -> list[dict[str, Any]]:
+def native_culprits(reader: TableSource) -> list[dict[str, Any]]:
     snaps = reader.table("ledger_snapshots")
     if snaps.empty:
         return []

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.growth import MB
+from leaktrace.session import TableSource
 from leaktrace.slope import theil_sen
 
 # Points of the pairwise slope of a load series (growth per request): what this analysis always used.
@@ -31,7 +32,7 @@ COUNTERS = ("requests", "prompt_tokens", "generation_tokens", "nixl_transfers", 
             "kv_external_prompt_tokens", "nixl_failed")
 
 
-def _table(reader: Any, name: str) -> pd.DataFrame:
+def _table(reader: TableSource, name: str) -> pd.DataFrame:
     try:
         df = reader.table(name)
     except Exception:  # noqa: BLE001 - a missing or unreadable table is "no data", never a crash
@@ -46,7 +47,7 @@ def _r2(x: np.ndarray, y: np.ndarray) -> float | None:
     return float(c * c) if np.isfinite(c) else None
 
 
-def memory_series(reader: Any, pids: list[int] | None = None, column: str = "rss") -> pd.DataFrame:
+def memory_series(reader: TableSource, pids: list[int] | None = None, column: str = "rss") -> pd.DataFrame:
     """Sum of ``column`` (bytes) over ``pids`` per tick: DataFrame[t, bytes]. Ticks where a process of the
     set has no sample are dropped, so a late-born process does not look like growth."""
     roll = _table(reader, "rollup")
@@ -128,7 +129,7 @@ def _follows(series: pd.DataFrame, scrapes: pd.DataFrame, growth_mb: float, requ
     return out
 
 
-def _metrics_by_url(reader: Any) -> dict[str, pd.DataFrame]:
+def _metrics_by_url(reader: TableSource) -> dict[str, pd.DataFrame]:
     ms = _table(reader, "metrics_summary")
     if ms.empty or "url" not in ms:
         return {}
@@ -137,7 +138,7 @@ def _metrics_by_url(reader: Any) -> dict[str, pd.DataFrame]:
     return {url: g.sort_values("t") for url, g in ms.groupby("url")}
 
 
-def _instances_meta(reader: Any) -> list[dict[str, Any]]:
+def _instances_meta(reader: TableSource) -> list[dict[str, Any]]:
     insts = (reader.meta or {}).get("instances") or []
     if insts:
         return insts
@@ -157,7 +158,7 @@ def _instances_meta(reader: Any) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def instances(reader: Any) -> list[dict[str, Any]]:
+def instances(reader: TableSource) -> list[dict[str, Any]]:
     """report.json ``instances``: one per vLLM server, with role, processes and their memory growth."""
     out = []
     vp = _table(reader, "vllm_processes")
@@ -177,7 +178,7 @@ def instances(reader: Any) -> list[dict[str, Any]]:
     return out
 
 
-def load(reader: Any) -> dict[str, Any] | None:
+def load(reader: TableSource) -> dict[str, Any] | None:
     """report.json ``load``; None when no /metrics scrape succeeded."""
     by_url = _metrics_by_url(reader)
     if not by_url:
@@ -259,7 +260,7 @@ def _per_1k(growth_mb: float, requests: float) -> float | None:
     return round(growth_mb / requests * 1000, 3) if requests > 0 else None
 
 
-def python_heap(reader: Any) -> dict[int, dict[str, Any]]:
+def python_heap(reader: TableSource) -> dict[int, dict[str, Any]]:
     """First and last Python GC state per pid (``processes[].python``), from the pyheap table."""
     ph = _table(reader, "pyheap")
     if ph.empty or "pid" not in ph:

@@ -18,14 +18,14 @@ from leaktrace.analysis.first_named import first_named
 from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
 from leaktrace.analysis.ledger import ledger_summary
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
-from leaktrace.session import SessionReader
+from leaktrace.session import SessionReader, TableSource
 
 REPORT_SCHEMA = "leaktrace.report/1"
 
 __all__ = ["REPORT_SCHEMA", "THRESHOLDS", "build_report", "process_table"]
 
 
-def process_table(reader: Any, info: dict[int, dict[str, Any]] | None = None) -> pd.DataFrame:
+def process_table(reader: TableSource, info: dict[int, dict[str, Any]] | None = None) -> pd.DataFrame:
     rollup = reader.table("rollup")
     if rollup.empty:
         return pd.DataFrame(columns=["pid", "ppid", "label", "title", "t_first", "t_last"])
@@ -40,7 +40,7 @@ def process_table(reader: Any, info: dict[int, dict[str, Any]] | None = None) ->
     return rates
 
 
-def _ledger_block(reader: Any, warnings: list[str]) -> dict[str, Any]:
+def _ledger_block(reader: TableSource, warnings: list[str]) -> dict[str, Any]:
     ledger: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0, "available": False}
     if not any(t.startswith("ledger") for t in reader.tables()):
         return ledger
@@ -52,7 +52,7 @@ def _ledger_block(reader: Any, warnings: list[str]) -> dict[str, Any]:
     return ledger
 
 
-def _load_blocks(reader: Any, warnings: list[str]) -> dict[str, Any]:
+def _load_blocks(reader: TableSource, warnings: list[str]) -> dict[str, Any]:
     """``instances`` and ``load`` from the vLLM/metrics analysis, when it exists and has data."""
     out: dict[str, Any] = {}
     for name, fn in (("instances", load.instances), ("load", load.load)):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.summary import build_report
-from leaktrace.session import SessionReader
+from leaktrace.session import SessionReader, TableSource
 
 FORMATS = ("json", "md", "html", "folded")
 
@@ -23,7 +23,7 @@ def render_session(path: Path | str, formats: tuple[str, ...] | list[str] = FORM
 
 
 def write_reports(report: dict[str, Any], out: Path, formats: tuple[str, ...] | list[str],
-                  reader: Any = None) -> list[Path]:
+                  reader: TableSource | None = None) -> list[Path]:
     from leaktrace.report import flame, html, json_report, markdown
 
     written = []

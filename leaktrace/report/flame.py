@@ -15,6 +15,7 @@ from typing import Any
 
 from leaktrace.analysis.growth import MB
 from leaktrace.atomic import atomic_write_text
+from leaktrace.session import TableSource
 
 Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
 
@@ -23,7 +24,7 @@ def _clean_frame(f: str) -> str:
     return str(f).replace(";", ",").replace("\n", " ").strip() or "?"
 
 
-def _from_ledger_tables(reader: Any) -> Stacks:
+def _from_ledger_tables(reader: TableSource) -> Stacks:
     """Outstanding regions the bpf probe wrote at stop (``ledger_regions``, not pre-existing ones) by
     call stack (``bpf_stacks``). Absent when the hunt was killed before the probe stopped."""
     if reader is None or "ledger_regions" not in reader.tables():
@@ -49,7 +50,7 @@ def _from_ledger_tables(reader: Any) -> Stacks:
     return out
 
 
-def collect_stacks(report: dict[str, Any], reader: Any = None) -> tuple[Stacks, str]:
+def collect_stacks(report: dict[str, Any], reader: TableSource | None = None) -> tuple[Stacks, str]:
     """(stacks, source) where source is "ledger", "culprits" or "watcher-classes"."""
     stacks = _from_ledger_tables(reader)
     if stacks:
@@ -79,7 +80,7 @@ def folded_text(stacks: Stacks) -> str:
     return "".join(f"{k} {v}\n" for k, v in sorted(merged.items(), key=lambda kv: -kv[1]))
 
 
-def write_folded(report: dict[str, Any], out_dir: Path, reader: Any = None) -> Path:
+def write_folded(report: dict[str, Any], out_dir: Path, reader: TableSource | None = None) -> Path:
     stacks, _ = collect_stacks(report, reader)
     return atomic_write_text(Path(out_dir) / "outstanding.folded", folded_text(stacks))
 

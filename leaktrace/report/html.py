@@ -15,6 +15,7 @@ import pandas as pd
 from leaktrace.analysis.growth import MB
 from leaktrace.atomic import atomic_write_text
 from leaktrace.report.flame import collect_stacks, flame_svg
+from leaktrace.session import TableSource
 
 MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12
@@ -93,7 +94,7 @@ def regions_svg(regions: list[dict[str, Any]]) -> str:
     return _svg(fig)
 
 
-def _snapshots_by_library(reader: Any, top: int = 8) -> pd.DataFrame | None:
+def _snapshots_by_library(reader: TableSource, top: int = 8) -> pd.DataFrame | None:
     """Outstanding bytes per library per tick from ``ledger_snapshots`` (summed over processes)."""
     if "ledger_snapshots" not in reader.tables():
         return None
@@ -107,7 +108,7 @@ def _snapshots_by_library(reader: Any, top: int = 8) -> pd.DataFrame | None:
     return df[df["library"].isin(set(last))].rename(columns={"outstanding_bytes": "bytes"})
 
 
-def _ledger_over_time_svg(reader: Any) -> str:
+def _ledger_over_time_svg(reader: TableSource) -> str:
     if reader is None:
         return ""
     try:
@@ -128,7 +129,7 @@ def _ledger_over_time_svg(reader: Any) -> str:
     return _svg(fig)
 
 
-def render(report: dict[str, Any], reader: Any = None) -> str:
+def render(report: dict[str, Any], reader: TableSource | None = None) -> str:
     from jinja2 import Environment, PackageLoader, select_autoescape
 
     env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
@@ -148,5 +149,5 @@ def render(report: dict[str, Any], reader: Any = None) -> str:
     return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB)
 
 
-def write(report: dict[str, Any], out_dir: Path, reader: Any = None) -> Path:
+def write(report: dict[str, Any], out_dir: Path, reader: TableSource | None = None) -> Path:
     return atomic_write_text(Path(out_dir) / "report.html", render(report, reader))
