@@ -18,7 +18,8 @@ from leaktrace.analysis.first_named import first_named
 from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
 from leaktrace.analysis.ledger import ledger_summary
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
-from leaktrace.session import SessionReader, TableSource
+from leaktrace.analysis.report_types import Report
+from leaktrace.session import TableSource
 
 REPORT_SCHEMA = "leaktrace.report/1"
 
@@ -98,7 +99,7 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
     return "inconclusive", (f"only {span:.0f} s observed; a no-leak verdict needs ≥ {th['no_leak_span_s']:.0f} s")
 
 
-def build_report(reader: SessionReader, with_first_named: bool = True) -> dict[str, Any]:
+def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
     meta = reader.meta
     warnings: list[str] = list(meta.get("warnings", []) or [])
     info = process_info(reader)
@@ -152,7 +153,7 @@ def build_report(reader: SessionReader, with_first_named: bool = True) -> dict[s
         processes.append(row)
     processes.sort(key=lambda r: -r["rss_mb_per_min"])
 
-    report: dict[str, Any] = {
+    report: Report = {
         "schema": REPORT_SCHEMA,
         "verdict": verdict,
         "verdict_reason": why,

@@ -7,22 +7,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from leaktrace.analysis.report_types import Report
 from leaktrace.analysis.summary import build_report
 from leaktrace.session import SessionReader, TableSource
 
 FORMATS = ("json", "md", "html", "folded")
 
 
-def render_session(path: Path | str, formats: tuple[str, ...] | list[str] = FORMATS) -> dict[str, Any]:
+def render_session(path: Path | str, formats: tuple[str, ...] | list[str] = FORMATS) -> Report:
     reader = SessionReader(path)
     report = build_report(reader)
     write_reports(report, Path(path), formats, reader)
     return report
 
 
-def write_reports(report: dict[str, Any], out: Path, formats: tuple[str, ...] | list[str],
+def write_reports(report: Report, out: Path, formats: tuple[str, ...] | list[str],
                   reader: TableSource | None = None) -> list[Path]:
     from leaktrace.report import flame, html, json_report, markdown
 

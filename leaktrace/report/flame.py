@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.growth import MB
+from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
 from leaktrace.session import TableSource
 
@@ -50,7 +51,7 @@ def _from_ledger_tables(reader: TableSource) -> Stacks:
     return out
 
 
-def collect_stacks(report: dict[str, Any], reader: TableSource | None = None) -> tuple[Stacks, str]:
+def collect_stacks(report: Report, reader: TableSource | None = None) -> tuple[Stacks, str]:
     """(stacks, source) where source is "ledger", "culprits" or "watcher-classes"."""
     stacks = _from_ledger_tables(reader)
     if stacks:
@@ -80,7 +81,7 @@ def folded_text(stacks: Stacks) -> str:
     return "".join(f"{k} {v}\n" for k, v in sorted(merged.items(), key=lambda kv: -kv[1]))
 
 
-def write_folded(report: dict[str, Any], out_dir: Path, reader: TableSource | None = None) -> Path:
+def write_folded(report: Report, out_dir: Path, reader: TableSource | None = None) -> Path:
     stacks, _ = collect_stacks(report, reader)
     return atomic_write_text(Path(out_dir) / "outstanding.folded", folded_text(stacks))
 

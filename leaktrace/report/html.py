@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis.growth import MB
+from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
 from leaktrace.report.flame import collect_stacks, flame_svg
 from leaktrace.session import TableSource
@@ -129,7 +130,7 @@ def _ledger_over_time_svg(reader: TableSource) -> str:
     return _svg(fig)
 
 
-def render(report: dict[str, Any], reader: TableSource | None = None) -> str:
+def render(report: Report, reader: TableSource | None = None) -> str:
     from jinja2 import Environment, PackageLoader, select_autoescape
 
     env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
@@ -149,5 +150,5 @@ def render(report: dict[str, Any], reader: TableSource | None = None) -> str:
     return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB)
 
 
-def write(report: dict[str, Any], out_dir: Path, reader: TableSource | None = None) -> Path:
+def write(report: Report, out_dir: Path, reader: TableSource | None = None) -> Path:
     return atomic_write_text(Path(out_dir) / "report.html", render(report, reader))

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
 
 
@@ -22,5 +23,5 @@ def _clean(o: Any) -> Any:
     return o
 
 
-def write(report: dict[str, Any], out_dir: Path) -> Path:
+def write(report: Report, out_dir: Path) -> Path:
     return atomic_write_text(Path(out_dir) / "report.json", json.dumps(_clean(report), indent=2, default=str))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
 
 MAX_CULPRITS = 5
@@ -15,7 +16,7 @@ def _f(v: Any, fmt: str = ".2f") -> str:
     return "" if v is None else format(v, fmt)
 
 
-def render(report: dict[str, Any]) -> str:
+def render(report: Report) -> str:
     lines = [f"## leaktrace: **{report['verdict']}**", "", f"{report.get('verdict_reason', '')}", ""]
     probes = ", ".join(report.get("probes") or []) or "?"
     lines.append(f"Duration {report['duration_s']:.1f} s, probes: {probes}"
@@ -78,5 +79,5 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(report: dict[str, Any], out_dir: Path) -> Path:
+def write(report: Report, out_dir: Path) -> Path:
     return atomic_write_text(Path(out_dir) / "report.md", render(report))

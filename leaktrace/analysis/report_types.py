@@ -1,0 +1,106 @@
+"""The shape of report.json (``leaktrace.report/1``): what the analysis builds and every reporter reads.
+
+The required keys are the contract in DESIGN.md (acceptance checks and other tools read them); the
+others are present when the hunt had the probe that knows them. ``total=False`` classes list keys that
+may be absent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+Verdict = Literal["leak", "no-leak", "inconclusive"]
+CulpritKind = Literal["native-mmap", "malloc-heap", "shm", "file", "python-heap", "other"]
+
+
+class _ProcessRequired(TypedDict):
+    pid: int
+    ppid: int
+    label: str  # the ps vocabulary: api-server, engine-core, worker, dp-coordinator, proxy, other
+    rss_mb_per_min: float
+    anon_mb_per_min: float
+    uss_mb_per_min: float
+
+
+class ProcessEntry(_ProcessRequired, total=False):
+    title: str
+    comm: str
+    pss_mb_per_min: float
+    rss_confidence: float
+    anon_confidence: float
+    rss_step: bool
+    rss_first_mb: float
+    rss_last_mb: float
+    samples: int
+    exited_s: float | None
+    leaking: bool
+    instance: int | None
+    growth_by_class: dict[str, float]
+    python: dict[str, Any]  # GC state, when the Python-heap probe ran
+
+
+class _CulpritRequired(TypedDict):
+    kind: CulpritKind
+    library: str | None
+    pid: int
+    mb_per_min: float
+    outstanding_bytes: int
+    stack: list[str]
+    evidence: list[str]
+    remedy: str
+
+
+class Culprit(_CulpritRequired, total=False):
+    process_label: str
+    process_title: str
+    instance: int | None
+    first_named_s: float | None
+    finding: str
+    rule: str | None
+    rule_title: str | None
+    source: str  # ledger | watcher | pyheap
+    cls: str
+    measured_kind: str
+    hostname: str  # merged cluster reports
+    node_id: str
+
+
+class _LedgerRequired(TypedDict):
+    outstanding_bytes: int
+    events: int
+    lost_events: int
+
+
+class Ledger(_LedgerRequired, total=False):
+    available: bool
+    by_library: Any
+
+
+class _ReportRequired(TypedDict):
+    schema: str
+    verdict: Verdict
+    duration_s: float
+    processes: list[ProcessEntry]
+    growth_by_class: dict[str, float]
+    culprits: list[Culprit]
+    ledger: Ledger
+
+
+class Report(_ReportRequired, total=False):
+    verdict_reason: str
+    attach_s: float | None
+    stop_reason: str
+    session_complete: bool
+    session_id: str | None
+    target: dict[str, Any]
+    host: dict[str, Any]
+    probes: list[str]
+    thresholds: dict[str, float]
+    regions: list[dict[str, Any]]
+    total_rss_mb: float
+    warnings: list[str]
+    shm_segments: list[dict[str, Any]]
+    demo: dict[str, Any]
+    instances: list[dict[str, Any]]  # hunt --vllm: one per vLLM server
+    load: dict[str, Any]  # /metrics scraped: requests, tokens, KV transfers, growth per 1,000 requests
+    nodes: list[dict[str, Any]]  # merged cluster reports
