@@ -39,12 +39,13 @@ def test_every_flame_graph_source_runs(tmp_path):
     the culprits' stacks, else from the watcher's classes: each path runs on a real session."""
     import json
 
+    from leaktrace.analysis.figures import build_figures
     from leaktrace.report.flame import collect_stacks
     from leaktrace.session import SessionReader
 
     demo = render("demo", tmp_path)
     report = json.loads((demo / "report.json").read_text())
-    stacks, source = collect_stacks(report, SessionReader(demo))
+    stacks, source = collect_stacks(report, build_figures(SessionReader(demo)))
     assert source == "ledger" and any("libxfer_demo.so!xfer_send" in ";".join(f) for f, _ in stacks)
     # The ledger's outstanding bytes are what the flame graph weighs (pre-existing regions left out).
     assert sum(n for _, n in stacks) == pytest.approx(report["culprits"][0]["outstanding_bytes"], rel=0.05)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from leaktrace.analysis.figures import Figures, build_figures
 from leaktrace.analysis.report_types import Report
 from leaktrace.analysis.summary import build_report
-from leaktrace.session import SessionReader, TableSource
+from leaktrace.session import SessionReader
 
 FORMATS = ("json", "md", "html", "folded")
 
@@ -18,12 +19,12 @@ FORMATS = ("json", "md", "html", "folded")
 def render_session(path: Path | str, formats: tuple[str, ...] | list[str] = FORMATS) -> Report:
     reader = SessionReader(path)
     report = build_report(reader)
-    write_reports(report, Path(path), formats, reader)
+    write_reports(report, Path(path), formats, build_figures(reader))
     return report
 
 
 def write_reports(report: Report, out: Path, formats: tuple[str, ...] | list[str],
-                  reader: TableSource | None = None) -> list[Path]:
+                  figures: Figures | None = None) -> list[Path]:
     from leaktrace.report import flame, html, json_report, markdown
 
     written = []
@@ -32,7 +33,7 @@ def write_reports(report: Report, out: Path, formats: tuple[str, ...] | list[str
     if "md" in formats:
         written.append(markdown.write(report, out))
     if "html" in formats:
-        written.append(html.write(report, out, reader))
+        written.append(html.write(report, out, figures))
     if "folded" in formats or "html" in formats:
-        written.append(flame.write_folded(report, out, reader))
+        written.append(flame.write_folded(report, out, figures))
     return written

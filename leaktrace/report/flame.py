@@ -13,54 +13,22 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from leaktrace.analysis.figures import Figures, Stacks, clean_frame
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
-from leaktrace.session import TableSource
-
-Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
 
 
-def _clean_frame(f: str) -> str:
-    return str(f).replace(";", ",").replace("\n", " ").strip() or "?"
-
-
-def _from_ledger_tables(reader: TableSource) -> Stacks:
-    """Outstanding regions the bpf probe wrote at stop (``ledger_regions``, not pre-existing ones) by
-    call stack (``bpf_stacks``). Absent when the hunt was killed before the probe stopped."""
-    if reader is None or "ledger_regions" not in reader.tables():
-        return []
-    regs = reader.table("ledger_regions")
-    if regs.empty or not {"pid", "size", "stack_key"} <= set(regs.columns):
-        return []
-    if "preexisting" in regs.columns:
-        regs = regs[~regs["preexisting"].astype(bool)]
-    frames: dict[str, list[str]] = {}
-    if "bpf_stacks" in reader.tables():
-        st = reader.table("bpf_stacks")
-        if not st.empty and {"stack_key", "frames"} <= set(st.columns):
-            frames = {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in st.itertuples()}
-    out: Stacks = []
-    by = regs.groupby(["pid", "stack_key", "library"] if "library" in regs.columns else ["pid", "stack_key"],
-                      dropna=False)["size"].sum()
-    for key, size in by.items():
-        pid, skey = key[0], key[1]
-        lib = key[2] if len(key) > 2 else None
-        stack = frames.get(str(skey)) or ([f"{lib} (no stack)"] if lib else [str(skey)])
-        out.append(([f"pid {pid}"] + [_clean_frame(f) for f in reversed(stack)], int(size)))
-    return out
-
-
-def collect_stacks(report: Report, reader: TableSource | None = None) -> tuple[Stacks, str]:
+def collect_stacks(report: Report, figures: Figures | None = None) -> tuple[Stacks, str]:
     """(stacks, source) where source is "ledger", "culprits" or "watcher-classes"."""
-    stacks = _from_ledger_tables(reader)
+    stacks = list(figures.ledger_stacks) if figures is not None else []
     if stacks:
         labels = {f"pid {p['pid']}": f"{p['label']} ({p['pid']})" for p in report.get("processes", [])}
         return [([labels.get(fr[0], fr[0]), *fr[1:]], n) for fr, n in stacks], "ledger"
     for c in report.get("culprits", []):
         if c.get("stack") and c.get("outstanding_bytes"):
             frames = [f"{c.get('process_label') or '?'} ({c['pid']})"]
-            frames += [_clean_frame(f) for f in reversed(c["stack"])]
+            frames += [clean_frame(f) for f in reversed(c["stack"])]
             stacks.append((frames, int(c["outstanding_bytes"])))
     if stacks:
         return stacks, "culprits"
@@ -81,8 +49,8 @@ def folded_text(stacks: Stacks) -> str:
     return "".join(f"{k} {v}\n" for k, v in sorted(merged.items(), key=lambda kv: -kv[1]))
 
 
-def write_folded(report: Report, out_dir: Path, reader: TableSource | None = None) -> Path:
-    stacks, _ = collect_stacks(report, reader)
+def write_folded(report: Report, out_dir: Path, figures: Figures | None = None) -> Path:
+    stacks, _ = collect_stacks(report, figures)
     return atomic_write_text(Path(out_dir) / "outstanding.folded", folded_text(stacks))
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pandas as pd
 
+from leaktrace.analysis.figures import Figures
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
 from leaktrace.report.flame import collect_stacks, flame_svg
-from leaktrace.session import TableSource
 
 MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12
@@ -95,27 +95,7 @@ def regions_svg(regions: list[dict[str, Any]]) -> str:
     return _svg(fig)
 
 
-def _snapshots_by_library(reader: TableSource, top: int = 8) -> pd.DataFrame | None:
-    """Outstanding bytes per library per tick from ``ledger_snapshots`` (summed over processes)."""
-    if "ledger_snapshots" not in reader.tables():
-        return None
-    snaps = reader.table("ledger_snapshots")
-    if snaps.empty or not {"t", "library", "outstanding_bytes"} <= set(snaps.columns):
-        return None
-    if "kind" in snaps.columns:
-        snaps = snaps[snaps["kind"] != "preexisting"]
-    df = snaps.groupby(["t", "library"], as_index=False)["outstanding_bytes"].sum()
-    last = df[df["t"] == df["t"].max()].nlargest(top, "outstanding_bytes")["library"]
-    return df[df["library"].isin(set(last))].rename(columns={"outstanding_bytes": "bytes"})
-
-
-def _ledger_over_time_svg(reader: TableSource) -> str:
-    if reader is None:
-        return ""
-    try:
-        df = _snapshots_by_library(reader)
-    except Exception:  # noqa: BLE001 - optional plot
-        return ""
+def _ledger_over_time_svg(df: pd.DataFrame | None) -> str:
     if df is None or len(df) == 0 or not {"t", "bytes"} <= set(df.columns):
         return ""
     key = "library" if "library" in df.columns else None
@@ -130,25 +110,25 @@ def _ledger_over_time_svg(reader: TableSource) -> str:
     return _svg(fig)
 
 
-def render(report: Report, reader: TableSource | None = None) -> str:
+def render(report: Report, figures: Figures | None = None) -> str:
     from jinja2 import Environment, PackageLoader, select_autoescape
 
     env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
-    rollup = reader.table("rollup") if reader is not None else pd.DataFrame()
+    rollup = figures.rollup if figures is not None else pd.DataFrame()
     labels = {p["pid"]: p["label"] for p in report.get("processes", [])}
-    stacks, flame_source = collect_stacks(report, reader)
+    stacks, flame_source = collect_stacks(report, figures)
     regions = report.get("regions", {}) or {}
     plots = {
         "memory": memory_over_time_svg(rollup, labels, report.get("attach_s")),
         "classes": growth_by_class_svg(report.get("growth_by_class", {})),
         "regions": regions_svg((regions.get("growing") or [])[:10]),
-        "ledger": _ledger_over_time_svg(reader),
+        "ledger": _ledger_over_time_svg(figures.ledger_by_library if figures is not None else None),
         "flame": flame_svg(stacks),
     }
     tpl = env.get_template("report.html.j2")
     return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB)
 
 
-def write(report: Report, out_dir: Path, reader: TableSource | None = None) -> Path:
-    return atomic_write_text(Path(out_dir) / "report.html", render(report, reader))
+def write(report: Report, out_dir: Path, figures: Figures | None = None) -> Path:
+    return atomic_write_text(Path(out_dir) / "report.html", render(report, figures))

@@ -1,0 +1,73 @@
+"""What the reporters plot besides report.json, taken from the session by the analysis so that no
+reporter reopens the session: memory over time, the eBPF ledger's outstanding bytes by library over time,
+and its outstanding regions by call stack (the flame graph)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from leaktrace.session import TableSource
+
+Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
+
+def clean_frame(f: str) -> str:
+    return str(f).replace(";", ",").replace("\n", " ").strip() or "?"
+
+
+@dataclass
+class Figures:
+    rollup: pd.DataFrame = field(default_factory=pd.DataFrame)  # smaps_rollup rows: t, pid, rss, anon, ...
+    ledger_by_library: pd.DataFrame | None = None  # t, library, bytes (the top libraries at the end)
+    ledger_stacks: Stacks = field(default_factory=list)  # outstanding bytes by pid and call stack
+
+
+def build_figures(reader: TableSource) -> Figures:
+    try:
+        by_library = ledger_by_library(reader)
+    except Exception:  # noqa: BLE001 - an optional plot: the report stands without it
+        by_library = None
+    return Figures(rollup=reader.table("rollup"), ledger_by_library=by_library, ledger_stacks=ledger_stacks(reader))
+
+
+def ledger_by_library(reader: TableSource, top: int = 8) -> pd.DataFrame | None:
+    """Outstanding bytes per library per tick from ``ledger_snapshots`` (summed over processes)."""
+    if "ledger_snapshots" not in reader.tables():
+        return None
+    snaps = reader.table("ledger_snapshots")
+    if snaps.empty or not {"t", "library", "outstanding_bytes"} <= set(snaps.columns):
+        return None
+    if "kind" in snaps.columns:
+        snaps = snaps[snaps["kind"] != "preexisting"]
+    df = snaps.groupby(["t", "library"], as_index=False)["outstanding_bytes"].sum()
+    last = df[df["t"] == df["t"].max()].nlargest(top, "outstanding_bytes")["library"]
+    return df[df["library"].isin(set(last))].rename(columns={"outstanding_bytes": "bytes"})
+
+
+def ledger_stacks(reader: TableSource) -> Stacks:
+    """Outstanding regions the bpf probe wrote at stop (``ledger_regions``, not pre-existing ones) by
+    call stack (``bpf_stacks``). Absent when the hunt was killed before the probe stopped."""
+    if reader is None or "ledger_regions" not in reader.tables():
+        return []
+    regs = reader.table("ledger_regions")
+    if regs.empty or not {"pid", "size", "stack_key"} <= set(regs.columns):
+        return []
+    if "preexisting" in regs.columns:
+        regs = regs[~regs["preexisting"].astype(bool)]
+    frames: dict[str, list[str]] = {}
+    if "bpf_stacks" in reader.tables():
+        st = reader.table("bpf_stacks")
+        if not st.empty and {"stack_key", "frames"} <= set(st.columns):
+            frames = {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in st.itertuples()}
+    out: Stacks = []
+    by = regs.groupby(["pid", "stack_key", "library"] if "library" in regs.columns else ["pid", "stack_key"],
+                      dropna=False)["size"].sum()
+    for key, size in by.items():
+        pid, skey = key[0], key[1]
+        lib = key[2] if len(key) > 2 else None
+        stack = frames.get(str(skey)) or ([f"{lib} (no stack)"] if lib else [str(skey)])
+        out.append(([f"pid {pid}"] + [clean_frame(f) for f in reversed(stack)], int(size)))
+    return out
+
+
