@@ -126,9 +126,10 @@ def read_python_heap(pid: int, walk: bool = True) -> dict[str, Any]:
             out[f"gen{g}_collections"] = cols
             out[f"gen{g}_collected"] = collected
             out[f"gen{g}_uncollectable"] = uncollectable
-        perm_head = gc + offs["permanent"]
-        out["frozen"] = _walk(mem, perm_head)  # gc.get_freeze_count(): stable once frozen
         if walk:
+            # gc.get_freeze_count(): hundreds of thousands of objects in vLLM (~1 µs each to walk) and
+            # stable once frozen, so walked with the other lists, not on every tick.
+            out["frozen"] = _walk(mem, gc + offs["permanent"])
             tracked = [_walk(mem, h) for h in heads]
             out.update({f"gen{g}_tracked": n for g, n in enumerate(tracked)})
             out["tracked"] = sum(n for n in tracked if n >= 0)
@@ -182,6 +183,8 @@ class PyHeapProbe:
             if not st.get("python"):
                 continue
             st["t"] = self.ctx.session.now()
+            if "frozen" not in st and "frozen" in self.last.get(pid, {}):
+                st["frozen"] = self.last[pid]["frozen"]  # as of the last walk
             if "error" in st and pid not in self.last:
                 self.ctx.warn(f"pyheap: pid {pid}: {st['error']}")
             self.last[pid] = st
