@@ -162,7 +162,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
 def _open_session(pids: list[int], options: HuntOptions, out: Path, meta: dict[str, Any] | None,
                   replace: bool) -> SessionWriter:
     return SessionWriter(out, meta={
-        "target": {"pids": pids},
+        "target": {"pids": pids, "processes": [describe_target(pid) for pid in pids]},
         "options": {k: procfs.redact_cmdline(v) if k == "metrics_urls" else v  # user:pass@ in URLs
                     for k, v in asdict(options).items() if k != "extra"},
         "argv": procfs.redact_cmdline(sys.argv),

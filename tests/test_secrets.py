@@ -108,6 +108,11 @@ def test_secrets_never_reach_the_session(tmp_path, spawn, metrics_url):
         assert v not in r.stdout + r.stderr, f"secret {name} printed by hunt"
     procs = SessionReader(out).table("processes")
     assert procs["cmdline"].str.contains("--api-key").any()  # the command line is there, redacted
+    # meta.json describes the target: its redacted command line and its allow-listed settings only.
+    (described,) = json.loads((out / "meta.json").read_text())["target"]["processes"]
+    assert described["pid"] == target.pid and "--api-key" in described["cmdline"]
+    assert described["environ_redacted_keys"] >= len(_target_env())
+    assert not set(described["environ"]) & set(_target_env()), described["environ"]
     _assert_clean(out)
     r = run_cli("report", out, "--format", "json,md,html")
     assert r.returncode == 0, r.stderr
