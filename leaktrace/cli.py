@@ -16,6 +16,7 @@ COMMANDS = {
     "ps": "leaktrace.commands.ps:ps",
     "hunt": "leaktrace.commands.hunt:hunt",
     "report": "leaktrace.commands.report:report",
+    "compare": "leaktrace.commands.compare:compare",
     "demo": "leaktrace.commands.demo:demo",
     "cluster": "leaktrace.commands.cluster:cluster",
 }
@@ -24,6 +25,7 @@ HELP = {
     "ps": "List vLLM (and other) candidate processes with labels, roles and libraries.",
     "hunt": "Hunt a leak in live process trees and write a session + report.",
     "report": "Re-render the reports of a session directory.",
+    "compare": "Before/after a remedy: fixed, not fixed or regressed (compare.json/.md/.html).",
     "demo": "Start the bundled leaking workload, hunt it, write the report.",
     "cluster": "Hunt on every node of a Ray cluster and merge the reports.",
 }
@@ -70,6 +72,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
       leaktrace hunt --vllm --duration 120 --out hunt1
       leaktrace hunt --pid 1234 --duration 60 --out hunt2
       leaktrace report hunt1 --format json,md,html
+      leaktrace compare before after       # did the remedy work?
     """
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose

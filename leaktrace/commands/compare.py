@@ -1,0 +1,52 @@
+"""`leaktrace compare BEFORE AFTER`: did the remedy work? Two hunts side by side, with a verdict."""
+
+from __future__ import annotations
+
+import click
+
+from leaktrace.errors import UsageError
+from leaktrace.outdir import absolute
+
+
+@click.command("compare")
+@click.argument("before", type=click.Path(file_okay=False))
+@click.argument("after", type=click.Path(file_okay=False))
+@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
+              help="Directory for compare.json/.md/.html (default: AFTER).")
+@click.option("--format", "formats", default="json,md,html", show_default=True, help="Comma-separated: json, md, html.")
+def compare(before: str, after: str, out: str | None, formats: str) -> None:
+    """Compare two hunts of the same service — BEFORE and AFTER a remedy (or two versions) — and say
+    whether it is fixed, not fixed or regressed, with a confidence.
+
+    BEFORE and AFTER are hunt directories (their report.json, or the session when there is none).
+    Culprits are matched by library across the two runs (pids differ; a wheel's hashed library names
+    are normalised) and by the P/D role of their vLLM instance. Exit status 0 whatever the verdict.
+
+    \b
+    Example (the seed-002 remedy):
+      leaktrace hunt --vllm --duration 300 --out before
+      # restart decode with UCX_RCACHE_MAX_UNRELEASED=1024
+      leaktrace hunt --vllm --duration 300 --out after
+      leaktrace compare before after
+    """
+    from leaktrace.analysis.compare import compare_dirs
+    from leaktrace.report import compare as compare_report
+
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    bad = [f for f in fmts if f not in compare_report.FORMATS]
+    if bad:
+        raise UsageError(f"unknown format(s): {', '.join(bad)} (choose from json, md, html)")
+    cmp = compare_dirs(absolute(before), absolute(after))
+    out_dir = absolute(out) if out else absolute(after)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        compare_report.write(cmp, out_dir, fmts)
+    except OSError as e:
+        from leaktrace.errors import OutputNotWritable
+
+        raise OutputNotWritable(f"cannot write {out_dir}: {e.strerror or e}") from e
+    click.echo(f"verdict: {cmp['verdict']} (confidence {cmp['confidence']:.2f}) — {cmp['verdict_reason']}")
+    for r in cmp["culprits"][:5]:
+        click.echo(f"  {r['status']:<8} {r['role']}/{r['kind']} {r['label']}: "
+                   f"{r['before_mb_per_min']:.2f} → {r['after_mb_per_min']:.2f} MB/min")
+    click.echo(f"compare: {out_dir / 'compare.json'}")

@@ -1,0 +1,65 @@
+"""The reporters of ``leaktrace compare``: compare.json, compare.md and compare.html (from a template),
+rendering the dict built by leaktrace.analysis.compare and nothing else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from leaktrace.atomic import atomic_write_text
+
+FORMATS = ("json", "md", "html")
+
+
+def _mb(v: float) -> str:
+    return f"{v:.2f}"
+
+
+def render_markdown(cmp: dict[str, Any]) -> str:
+    b, a = cmp["before"], cmp["after"]
+    lines = [f"## leaktrace compare: **{cmp['verdict']}** (confidence {cmp['confidence']:.2f})", "",
+             cmp["verdict_reason"], "",
+             "| | before | after |", "|---|---|---|",
+             f"| hunt | `{b['path']}` | `{a['path']}` |",
+             f"| verdict | {b['verdict']} | {a['verdict']} |",
+             f"| duration s | {b['duration_s'] or 0:.1f} | {a['duration_s'] or 0:.1f} |",
+             f"| RSS growth, all processes, MB/min | {_mb(b['total_rss_mb_per_min'])} | {_mb(a['total_rss_mb_per_min'])} |",
+             f"| culprits | {b['culprits']} | {a['culprits']} |", "",
+             "### Culprits", ""]
+    if not cmp["culprits"]:
+        lines.append("None on either side.")
+    else:
+        lines += ["| status | role | kind | library | before MB/min | after MB/min | before outstanding MB | after outstanding MB |",
+                  "|---|---|---|---|---:|---:|---:|---:|"]
+        for r in cmp["culprits"]:
+            status = r["status"] + (f" ({r['change']})" if r.get("change") else "")
+            lines.append(f"| {status} | {r['role']} | {r['kind']} | {r['label']} | {_mb(r['before_mb_per_min'])} | "
+                         f"{_mb(r['after_mb_per_min'])} | {r['before_outstanding_bytes'] / 2**20:.1f} | "
+                         f"{r['after_outstanding_bytes'] / 2**20:.1f} |")
+    lines += ["", "### Processes by role", "", "| role/label | before n | after n | before RSS MB/min | after RSS MB/min |",
+              "|---|---:|---:|---:|---:|"]
+    for p in cmp["processes"]:
+        lines.append(f"| {p['key']} | {p['before_count']} | {p['after_count']} | {_mb(p['before_rss_mb_per_min'])} | "
+                     f"{_mb(p['after_rss_mb_per_min'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_html(cmp: dict[str, Any]) -> str:
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
+                      autoescape=select_autoescape(["html", "j2"]))
+    return env.get_template("compare.html.j2").render(c=cmp, mb=2**20)
+
+
+def write(cmp: dict[str, Any], out_dir: Path, formats: tuple[str, ...] | list[str] = FORMATS) -> list[Path]:
+    out_dir = Path(out_dir)
+    written = []
+    if "json" in formats:
+        written.append(atomic_write_text(out_dir / "compare.json", json.dumps(cmp, indent=2, default=str)))
+    if "md" in formats:
+        written.append(atomic_write_text(out_dir / "compare.md", render_markdown(cmp)))
+    if "html" in formats:
+        written.append(atomic_write_text(out_dir / "compare.html", render_html(cmp)))
+    return written

@@ -1,0 +1,99 @@
+"""`leaktrace compare BEFORE AFTER`: verdicts on recorded sessions (tests/data/golden) and end to end on the
+seed-002 remedy with real UCX 1.20.1: the leaking program before and after UCX_RCACHE_MAX_UNRELEASED=1024."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import REPO, is_root, run_cli
+from golden import GOLDEN
+
+from leaktrace.analysis.compare import normalise_library
+
+LEAK_BIN = REPO / ".cache" / "ucx_munmap_leak"
+UCX_ENV = {"UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib*,rdmacm"}
+
+
+def _compare(before, after, out) -> tuple[subprocess.CompletedProcess, dict]:
+    r = run_cli("compare", before, after, "--out", out)
+    assert r.returncode == 0, r.stderr
+    return r, json.loads((out / "compare.json").read_text())
+
+
+def test_normalise_library():
+    assert normalise_library("libucm-1a2b3c4d.so.0.0.0") == "libucm.so"
+    assert normalise_library("/opt/x/nixl_cu12.libs/libucp-b39b3ed9.so.0.0.0") == "libucp.so"
+    assert normalise_library("libucm.so.0") == "libucm.so"
+    assert normalise_library("libxfer_demo.so") == "libxfer_demo.so"
+    assert normalise_library(None) is None
+
+
+@pytest.mark.parametrize("before,after,verdict,status", [
+    ("demo", "churn", "fixed", {"libxfer_demo.so": "gone"}),
+    ("churn", "demo", "regressed", {"libxfer_demo.so": "new"}),
+    ("demo", "demo", "not-fixed", {"libxfer_demo.so": "remains"}),
+    ("demo", "ucx", "regressed", {"libxfer_demo.so": "gone", "libucm.so": "new"}),
+])
+def test_verdicts_on_recorded_hunts(tmp_path, before, after, verdict, status):
+    r, cmp = _compare(GOLDEN / before, GOLDEN / after, tmp_path)
+    assert cmp["schema"] == "leaktrace.compare/1" and cmp["verdict"] == verdict, cmp["verdict_reason"]
+    assert {c["library"]: c["status"] for c in cmp["culprits"]} == status
+    b = json.loads((GOLDEN / before / "expected" / "report.json").read_text())
+    a = json.loads((GOLDEN / after / "expected" / "report.json").read_text())
+    assert cmp["before"]["verdict"] == b["verdict"] and cmp["after"]["verdict"] == a["verdict"]
+    for c in cmp["culprits"]:  # the rates are each hunt's own culprit rates
+        want_b = sum(x["mb_per_min"] for x in b["culprits"] if normalise_library(x["library"]) == c["library"])
+        want_a = sum(x["mb_per_min"] for x in a["culprits"] if normalise_library(x["library"]) == c["library"])
+        assert c["before_mb_per_min"] == pytest.approx(want_b, abs=1e-3)
+        assert c["after_mb_per_min"] == pytest.approx(want_a, abs=1e-3)
+    assert 0 < cmp["confidence"] <= 1
+    assert f"verdict: {verdict}" in r.stdout
+    assert f"**{verdict}**" in (tmp_path / "compare.md").read_text()
+    assert f'class="verdict {verdict}"' in (tmp_path / "compare.html").read_text()
+
+
+def test_bad_input_is_one_line(tmp_path):
+    r = run_cli("compare", tmp_path / "missing", GOLDEN / "demo")
+    assert r.returncode == 7 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "report.json").write_text("{not json")
+    r = run_cli("compare", tmp_path / "junk", GOLDEN / "demo")
+    assert r.returncode == 7 and "not readable JSON" in r.stderr
+
+
+def test_session_without_report_is_analysed(tmp_path):
+    """A killed hunt leaves no report.json: compare builds it from the session."""
+    import shutil
+
+    for name in ("demo", "churn"):
+        (tmp_path / name).mkdir()
+        shutil.copy(GOLDEN / name / "meta.json", tmp_path / name / "meta.json")
+        shutil.copytree(GOLDEN / name / "tables", tmp_path / name / "tables")
+    _, cmp = _compare(tmp_path / "demo", tmp_path / "churn", tmp_path / "out")
+    assert cmp["verdict"] == "fixed"
+
+
+@pytest.mark.bpf
+@pytest.mark.skipif(not is_root(), reason="the eBPF probe needs root")
+def test_seed002_remedy_is_fixed_on_real_ucx(spawn, tmp_path):
+    """Real UCX 1.20.1: the program that munmaps through UCX's memory hooks leaks with the default
+    (UCX_RCACHE_MAX_UNRELEASED=inf) and not with the remedy; compare says fixed, libucm gone."""
+    assert LEAK_BIN.exists(), "built by tests/targets/setup_ucx.sh (.ci/setup.d/30-targets.sh)"
+    for name, extra in (("before", {"UCX_RCACHE_MAX_UNRELEASED": "inf"}),
+                        ("after", {"UCX_RCACHE_MAX_UNRELEASED": "1024"})):
+        target = spawn([LEAK_BIN, "20000"], env={**UCX_ENV, **extra})
+        r = run_cli("hunt", "--pid", target.pid, "--duration", "20", "--gdb-samples", "0", "--format", "json",
+                    "--out", tmp_path / name)
+        assert r.returncode == 0, r.stderr
+        target.kill()
+    before = json.loads((tmp_path / "before" / "report.json").read_text())
+    assert before["verdict"] == "leak" and before["culprits"][0]["library"] == "libucm.so.0", before["culprits"][:1]
+    _, cmp = _compare(tmp_path / "before", tmp_path / "after", tmp_path / "cmp")
+    assert cmp["verdict"] == "fixed", (cmp["verdict_reason"], cmp["after"])
+    ucm = next(c for c in cmp["culprits"] if c["library"] == "libucm.so")
+    assert ucm["status"] == "gone" and ucm["before_mb_per_min"] > 20 and ucm["after_mb_per_min"] < 1
+    assert ucm["libraries_as_mapped"] == ["libucm.so.0"]
+    assert os.path.getsize(tmp_path / "cmp" / "compare.html") > 1000
