@@ -2,7 +2,7 @@
 
 Kernel half: bpf/leaktrace.bpf.c (see its header comment). It settles plain mmap + exact munmap/mremap
 pairs in an address-keyed map and hands the rest to user space as slow-path events. This probe
-drains those events every 50 ms, applies them in order to the interval ledger (probes/ledger.py),
+drains those events every 50 ms, applies them in order to the interval ledger (ledger.py),
 moving kernel-owned regions into the ledger when a slow event touches them ("absorbing" them, in
 timestamp order so a region born after an unmap is never blamed on it), and once per tick writes
 per-library totals over both halves.
@@ -39,7 +39,7 @@ import numpy as np
 
 from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
-from leaktrace.probes.ledger import MapEntry, Origin, OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.ledger import MapEntry, Origin, OutstandingLedger, Symbolizer
 
 # ---- mirror of bpf/leaktrace.h (the only copy in Python)
 EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP = range(1, 9)
@@ -175,16 +175,16 @@ class BpfProbe:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, ctx: HuntContext) -> None:
-        from leaktrace import bccload
+        from leaktrace.probes.bpf import loader
 
         self.ctx = ctx
         t0 = time.monotonic()
         # Inside a PID namespace the kernel's pids are not /proc's: the program then translates them.
-        ns = bccload.pid_namespace()
+        ns = loader.pid_namespace()
         self.pidns_ino = None if ns is None or ns.is_init else ns.ino
-        self.prog, choice = bccload.load_program(defines={**self.defines, **(ns.defines() if ns else {})})
+        self.prog, choice = loader.load_program(defines={**self.defines, **(ns.defines() if ns else {})})
         self.header_kind = choice.kind
-        self._lib = bccload.import_bcc().libbcc.lib
+        self._lib = loader.import_bcc().libbcc.lib
         try:
             self.prog[b"events"].open_ring_buffer(self._on_event)
         except Exception as e:  # noqa: BLE001

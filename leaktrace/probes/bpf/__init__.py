@@ -1,0 +1,10 @@
+"""The eBPF probe family: every mmap/munmap/mremap/brk of the target tree, an exact outstanding ledger.
+
+- :mod:`.loader` — finding Debian's BCC, the kernel headers (or the stub tree), compiling and loading
+  the program; the PID namespace; ``leaktrace doctor``'s eBPF checks.
+- :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`) and the :class:`Symbolizer`.
+- :mod:`.probe` — :class:`BpfProbe`, the hunt's probe.
+
+The C sources stay in the top-level bpf/ (found through leaktrace/resources.py). Nothing is imported
+here: importers name the module they use.
+"""
