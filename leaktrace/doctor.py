@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from leaktrace.probes.bpf.loader import bpf_doctor_checks
+from leaktrace.probes.bpf.checks import bpf_doctor_checks
 from leaktrace.probes.gdb.checks import gdb_doctor_checks
 
 CAP_SYS_PTRACE = 19

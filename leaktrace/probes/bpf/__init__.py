@@ -1,7 +1,8 @@
 """The eBPF probe family: every mmap/munmap/mremap/brk of the target tree, an exact outstanding ledger.
 
 - :mod:`.loader` — finding Debian's BCC, the kernel headers (or the stub tree), compiling and loading
-  the program; the PID namespace; ``leaktrace doctor``'s eBPF checks.
+  the program; the PID namespace.
+- :mod:`.checks` — ``leaktrace doctor``'s eBPF checks.
 - :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`) and the :class:`Symbolizer`.
 - :mod:`.probe` — :class:`BpfProbe`, the hunt's probe.
 
