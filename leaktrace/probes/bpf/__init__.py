@@ -3,6 +3,7 @@
 - :mod:`.loader` — finding Debian's BCC, the kernel headers (or the stub tree), compiling and loading
   the program; the PID namespace.
 - :mod:`.checks` — ``leaktrace doctor``'s eBPF checks.
+- :mod:`.layout` — the Python mirror of bpf/leaktrace.h (event types, counters, ctypes structs).
 - :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`) and the :class:`Symbolizer`.
 - :mod:`.probe` — :class:`BpfProbe`, the hunt's probe.
 
