@@ -5,7 +5,10 @@
 - :mod:`.checks` — ``leaktrace doctor``'s eBPF checks.
 - :mod:`.layout` — the Python mirror of bpf/leaktrace.h (event types, counters, ctypes structs).
 - :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`) and the :class:`Symbolizer`.
-- :mod:`.probe` — :class:`BpfProbe`, the hunt's probe.
+- :mod:`.kernel` — the kernel's region map seen from user space: scanned per tick, absorbed into the
+  ledger when a slow-path event touches it.
+- :mod:`.snapshots` — the session tables the probe writes (per tick, per event, at stop).
+- :mod:`.probe` — :class:`BpfProbe`, the hunt's probe: lifecycle, the ring buffer, events → ledger.
 
 The C sources stay in the top-level bpf/ (found through leaktrace/resources.py). Nothing is imported
 here: importers name the module they use.
