@@ -17,7 +17,8 @@ import threading
 import time
 from typing import Any
 
-from leaktrace.errors import BpfUnavailable
+from leaktrace import procfs
+from leaktrace.errors import AccessDenied, BpfUnavailable, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions
 from leaktrace.probes.bpf.kernel import KernelRegions
 from leaktrace.probes.bpf.layout import (
@@ -38,20 +39,13 @@ from leaktrace.probes.bpf.snapshots import SnapshotRows
 
 
 def _read_maps(pid: int) -> list[MapEntry] | None:
+    """/proc/PID/maps through procfs (only "\n" ends a line: file names keep \x0c, \u2028 ...); None when
+    the process is gone or unreadable."""
     try:
-        with open(f"/proc/{pid}/maps") as f:
-            text = f.read()
-    except OSError:
+        maps = procfs.read_maps(pid)
+    except (ProcessGone, AccessDenied, procfs.ParseError, OSError):
         return None
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        a, b = parts[0].split("-")
-        out.append(MapEntry(int(a, 16), int(b, 16), int(parts[2], 16), parts[1],
-                            parts[5].strip() if len(parts) > 5 else ""))
-    return out
+    return [MapEntry(m.start, m.end, m.offset, m.perms, m.path) for m in maps]
 
 
 def _start_brk(pid: int) -> int | None:
