@@ -50,22 +50,17 @@ def _read_maps(pid: int) -> list[MapEntry] | None:
 
 def _start_brk(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[47 - 3])  # field 47 (start_brk), counting from after "pid (comm)"
-    except (OSError, IndexError, ValueError):
+        return int(procfs.stat_field(procfs.read_proc_text(pid, "stat"), 47))  # start_brk
+    except (ProcessGone, AccessDenied, OSError, ValueError):  # ValueError: procfs.ParseError too
         return None
 
 
 def _is_process(pid: int) -> bool:
+    """A process (its own thread group leader), not one more thread of another."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1]) == pid
-    except OSError:
+        return procfs.status_int(procfs.read_status(pid), "Tgid") == pid
+    except (ProcessGone, AccessDenied, OSError, ValueError):
         return False
-    return False
 
 
 # Events applied per drain: ~20 ms of Python work at the rates bench_bpf measures, so the lock (and the

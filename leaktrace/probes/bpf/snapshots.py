@@ -24,6 +24,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.kernel import KernelSide
@@ -71,7 +72,7 @@ class SnapshotRows(KernelSide):
             if not (self.symbols.knows(pid, o.site) or self.symbols.knows(pid, o.ip)):
                 self._refresh_maps(pid)
             lib = self.symbols.library_of(pid, o.site, o.ip)
-            if lib != "?" or not os.path.exists(f"/proc/{pid}"):
+            if lib != "?" or not procfs.pid_exists(pid):
                 self._site_lib[key] = lib
             if o.stack_id >= 0:
                 self._stacks.setdefault((pid, o.site), o.stack_id)
