@@ -4,7 +4,9 @@
   the program; the PID namespace.
 - :mod:`.checks` — ``leaktrace doctor``'s eBPF checks.
 - :mod:`.layout` — the Python mirror of bpf/leaktrace.h (event types, counters, ctypes structs).
-- :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`) and the :class:`Symbolizer`.
+- :mod:`.addrspace` — one process's address space: disjoint intervals and their interned origins.
+- :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`: the syscalls applied to address
+  spaces) and the :class:`Symbolizer`.
 - :mod:`.kernel` — the kernel's region map seen from user space: scanned per tick, absorbed into the
   ledger when a slow-path event touches it.
 - :mod:`.snapshots` — the session tables the probe writes (per tick, per event, at stop).

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.layout import ANON_FD, Event, Region, RegionKey
-from leaktrace.probes.bpf.ledger import Origin, OutstandingLedger
+from leaktrace.probes.bpf.ledger import OutstandingLedger
 
 
 class KernelRegions:

@@ -20,6 +20,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, BpfUnavailable, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.kernel import KernelRegions
 from leaktrace.probes.bpf.layout import (
     COUNTERS,
@@ -34,7 +35,7 @@ from leaktrace.probes.bpf.layout import (
     MREMAP_DONTUNMAP,
     Event,
 )
-from leaktrace.probes.bpf.ledger import MapEntry, Origin, OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.snapshots import SnapshotRows
 
 

@@ -27,9 +27,10 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext
+from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import COUNTERS, EV_BRK, EV_MMAP, EV_MREMAP, EV_MUNMAP, EVENT_NAMES, Event
-from leaktrace.probes.bpf.ledger import Origin, Symbolizer
+from leaktrace.probes.bpf.ledger import Symbolizer
 
 
 def _i64(x: int) -> int:
