@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from fixtures.build import build  # noqa: E402
 
 from leaktrace.probes import HuntContext, HuntOptions, TargetSet  # noqa: E402
-from leaktrace.probes.bpf import BpfProbe  # noqa: E402
+from leaktrace.probes.bpf.probe import BpfProbe  # noqa: E402
 from leaktrace.session import SessionWriter  # noqa: E402
 
 ANCHOR = Path(__file__).resolve().parent / "bpftrace_anchor.bt"

@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from leaktrace.probes import HuntContext, HuntOptions, TargetSet  # noqa: E402
-from leaktrace.probes.bpf import BpfProbe, Region, RegionKey  # noqa: E402
-from leaktrace.probes.ledger import Origin, OutstandingLedger  # noqa: E402
+from leaktrace.probes.bpf.addrspace import Origin  # noqa: E402
+from leaktrace.probes.bpf.layout import Region, RegionKey  # noqa: E402
+from leaktrace.probes.bpf.ledger import OutstandingLedger  # noqa: E402
+from leaktrace.probes.bpf.probe import BpfProbe  # noqa: E402
 
 PID = 4_000_000  # no such process: symbolization gives up at once and caches "?"
 SITES = [0x7F00_0000_1000 + 0x40 * k for k in range(5)]

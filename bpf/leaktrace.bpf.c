@@ -5,7 +5,7 @@
  * workload sends nothing to user space. Everything the kernel cannot settle by one key lookup
  * (partial unmaps, unmaps spanning regions, MAP_FIXED overlays, brk, fork/exec/exit) goes to
  * user space through a ring buffer whose wake-ups are batched; the user-space interval ledger
- * (leaktrace/probes/ledger.py) resolves it, ordering both sides with the `seq` timestamps.
+ * (leaktrace/probes/bpf/ledger.py) resolves it, ordering both sides with the `seq` timestamps.
  *
  * Processes: `targets` holds the traced tgids; children are added here at fork, so a child is
  * traced from its first syscall.
@@ -30,7 +30,7 @@
  * Tasks in a PID namespace nested below that one are not followed (the helper numbers only the task's
  * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
  *
- * Compile-time knobs (-D from leaktrace/bccload.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
+ * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
  * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO.
  */
 #include "leaktrace.h"

@@ -1,5 +1,5 @@
 /* Layouts shared by the BPF program (bpf/leaktrace.bpf.c) and user space
- * (leaktrace/probes/bpf.py mirrors these structs with ctypes, once, next to its loader).
+ * (leaktrace/probes/bpf/layout.py mirrors these structs with ctypes, once, next to its loader).
  * Keep every field 8-byte aligned and explicit so both sides agree without padding guesses. */
 #ifndef LEAKTRACE_H
 #define LEAKTRACE_H

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from leaktrace.bccload import bpf_doctor_checks
+from leaktrace.probes.bpf.checks import bpf_doctor_checks
 from leaktrace.probes.gdb.checks import gdb_doctor_checks
 
 CAP_SYS_PTRACE = 19
@@ -99,7 +99,7 @@ def run_checks() -> list[Check]:
     checks = [check_privileges(), check_tracepoints()]
     # The eBPF layer's own checks (bcc module, libbcc, bpf(), tracepoints, pid namespace, BTF, headers or
     # the bundled stub), then the gdb sampler's (gdb, version, Python support, ptrace).
-    checks += _family_checks("leaktrace.bccload", bpf_doctor_checks)
+    checks += _family_checks("leaktrace.probes.bpf", bpf_doctor_checks)
     checks += _family_checks("leaktrace.probes.gdb", gdb_doctor_checks)
     return checks
 

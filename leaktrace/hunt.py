@@ -15,7 +15,7 @@ from typing import Any
 from leaktrace import outdir, procfs
 from leaktrace.errors import LeaktraceError, NoSuchProcess, OutputNotWritable
 from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
-from leaktrace.probes.bpf import BpfProbe
+from leaktrace.probes.bpf.probe import BpfProbe
 from leaktrace.probes.exporter import PrometheusExporter
 from leaktrace.probes.gdb.probe import GdbProbe
 from leaktrace.probes.metrics import MetricsProbe

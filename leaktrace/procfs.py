@@ -267,6 +267,20 @@ def parse_stat(text: str) -> dict[str, object]:
     }
 
 
+def stat_field(text: str, n: int) -> str:
+    """Field ``n`` of /proc/PID/stat as proc(5) numbers them (1 pid, 2 comm, 3 state, ... 47 start_brk).
+    comm may contain spaces and parentheses, so fields from 3 on are counted after the last ')'."""
+    lpar, rpar = text.find("("), text.rfind(")")
+    if lpar < 0 or rpar < 0:
+        raise ParseError("malformed stat")
+    if n <= 2:
+        return text[:lpar].strip() if n == 1 else text[lpar + 1 : rpar]
+    rest = text[rpar + 1 :].split()
+    if n - 3 >= len(rest):
+        raise ParseError(f"stat has {len(rest) + 2} fields, not {n}")
+    return rest[n - 3]
+
+
 # ----------------------------------------------------------------------------- environ / cmdline
 
 # Keys whose values may reach disk. Anything else is written as "<redacted>".

@@ -56,7 +56,8 @@ def tracer_of(pid: int) -> int:
 
 FLUSH_DURING_COMPILE = r'''
 import os, sys, threading, time
-from leaktrace import bccload, cli, session
+from leaktrace import cli, session
+from leaktrace.probes.bpf import loader
 
 writers, seen = [], {}
 init = session.SessionWriter.__init__
@@ -65,7 +66,7 @@ def record(self, *a, **k):
     writers.append(self)
 session.SessionWriter.__init__ = record
 
-real_import = bccload.import_bcc
+real_import = loader.import_bcc
 def import_bcc():
     bcc = real_import()
     real_bpf = bcc.BPF
@@ -96,7 +97,7 @@ def import_bcc():
                 t.join(timeout=20)
                 print("COMPILE-WINDOW", repr(seen), file=sys.stderr, flush=True)
     return Module()
-bccload.import_bcc = import_bcc
+loader.import_bcc = import_bcc
 try:
     cli.main(sys.argv[1:])
 except SystemExit as e:
@@ -325,7 +326,7 @@ def _assert_stopped_by_ctrl_c(hunt: subprocess.Popen, out: Path, target_pid: int
 @root_only
 @pytest.mark.bpf
 def test_ctrl_c_during_the_bpf_compile(spawn, leaker_bin, tmp_path):
-    from leaktrace.bccload import choose_headers
+    from leaktrace.probes.bpf.loader import choose_headers
 
     headers = Path(choose_headers().path)
     target = spawn([leaker_bin, "--leak-kib-per-s", "1024"])

@@ -48,6 +48,22 @@ def test_status_numbers_and_owner():
         procfs.read_owner_uid(p.pid)
 
 
+def test_stat_field_counts_after_comm():
+    text = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 7 0 0 0 1 2 0 0 20 0 1 0 99 12345 67 " + " ".join(
+        str(k) for k in range(25, 53))
+    assert procfs.stat_field(text, 1) == "4242" and procfs.stat_field(text, 2) == "a) b (c)"
+    assert procfs.stat_field(text, 3) == "S" and procfs.stat_field(text, 4) == "1"
+    assert procfs.stat_field(text, 22) == "99" and procfs.stat_field(text, 47) == "47"
+    with pytest.raises(procfs.ParseError):
+        procfs.stat_field(text, 53)
+    with pytest.raises(procfs.ParseError):
+        procfs.stat_field("garbage", 3)
+    live = procfs.read_proc_text(os.getpid(), "stat")
+    assert procfs.stat_field(live, 1) == str(os.getpid())
+    assert procfs.stat_field(live, 22) == str(procfs.parse_stat(live)["starttime"])
+    assert int(procfs.stat_field(live, 47)) > 0  # start_brk of a process reading its own stat
+
+
 def test_maps_line_with_spaces_and_deleted():
     line = "7f0000000000-7f0000001000 rw-s 00000000 00:1b 42          /dev/shm/a b (deleted)"
     m = procfs.parse_maps_line(line)

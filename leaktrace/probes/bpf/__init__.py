@@ -1,0 +1,17 @@
+"""The eBPF probe family: every mmap/munmap/mremap/brk of the target tree, an exact outstanding ledger.
+
+- :mod:`.loader` — finding Debian's BCC, the kernel headers (or the stub tree), compiling and loading
+  the program; the PID namespace.
+- :mod:`.checks` — ``leaktrace doctor``'s eBPF checks.
+- :mod:`.layout` — the Python mirror of bpf/leaktrace.h (event types, counters, ctypes structs).
+- :mod:`.addrspace` — one process's address space: disjoint intervals and their interned origins.
+- :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`: the syscalls applied to address
+  spaces) and the :class:`Symbolizer`.
+- :mod:`.kernel` — the kernel's region map seen from user space: scanned per tick, absorbed into the
+  ledger when a slow-path event touches it.
+- :mod:`.snapshots` — the session tables the probe writes (per tick, per event, at stop).
+- :mod:`.probe` — :class:`BpfProbe`, the hunt's probe: lifecycle, the ring buffer, events → ledger.
+
+The C sources stay in the top-level bpf/ (found through leaktrace/resources.py). Nothing is imported
+here: importers name the module they use.
+"""

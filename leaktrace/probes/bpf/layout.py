@@ -1,0 +1,32 @@
+"""The Python mirror of bpf/leaktrace.h (the only copy in Python): slow-path event types, the per-CPU
+counters, and the ctypes layouts of the kernel's region map (key, value) and of a ring-buffer event.
+Keep it in step with the header, field for field."""
+
+from __future__ import annotations
+
+import ctypes as ct
+
+EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP = range(1, 9)
+EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
+               EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap"}
+COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
+MREMAP_DONTUNMAP = 4
+ANON_FD = 0xFFFFFFFF
+
+
+class RegionKey(ct.Structure):
+    _fields_ = [("tgid", ct.c_uint32), ("pad", ct.c_uint32), ("start", ct.c_uint64)]
+
+
+class Region(ct.Structure):
+    _fields_ = [("len", ct.c_uint64), ("seq", ct.c_uint64), ("site", ct.c_uint64), ("ip", ct.c_uint64),
+                ("stack_id", ct.c_int64), ("tid", ct.c_uint32), ("prot", ct.c_uint32),
+                ("flags", ct.c_uint32), ("fd", ct.c_uint32)]
+
+
+class Event(ct.Structure):
+    _fields_ = [("seq", ct.c_uint64), ("type", ct.c_uint32), ("tgid", ct.c_uint32), ("tid", ct.c_uint32),
+                ("aux_pid", ct.c_uint32), ("addr", ct.c_uint64), ("len", ct.c_uint64),
+                ("new_addr", ct.c_uint64), ("new_len", ct.c_uint64), ("flags", ct.c_uint64),
+                ("prot", ct.c_uint64), ("fd", ct.c_uint64), ("site", ct.c_uint64), ("ip", ct.c_uint64),
+                ("stack_id", ct.c_int64), ("result", ct.c_int64)]

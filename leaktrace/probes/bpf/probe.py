@@ -1,0 +1,279 @@
+"""The eBPF probe: every mmap/munmap/mremap/brk of the target process tree, an exact outstanding ledger.
+
+Kernel half: bpf/leaktrace.bpf.c (see its header comment). It settles plain mmap + exact munmap/mremap
+pairs in an address-keyed map and hands the rest to user space as slow-path events. This probe
+drains those events every 50 ms, applies them in order to the interval ledger (ledger.py),
+moving kernel-owned regions into the ledger when a slow event touches them ("absorbing" them, in
+timestamp order so a region born after an unmap is never blamed on it), and once per tick writes
+per-library totals over both halves.
+
+The session tables it writes are listed in :mod:`.snapshots`.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import threading
+import time
+from typing import Any
+
+from leaktrace import procfs
+from leaktrace.errors import AccessDenied, BpfUnavailable, ProcessGone
+from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes.bpf.addrspace import Origin
+from leaktrace.probes.bpf.kernel import KernelRegions
+from leaktrace.probes.bpf.layout import (
+    COUNTERS,
+    EV_BRK,
+    EV_EXEC,
+    EV_EXIT,
+    EV_FORK,
+    EV_LIBMAP,
+    EV_MMAP,
+    EV_MREMAP,
+    EV_MUNMAP,
+    MREMAP_DONTUNMAP,
+    Event,
+)
+from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.snapshots import SnapshotRows
+
+
+def _read_maps(pid: int) -> list[MapEntry] | None:
+    """/proc/PID/maps through procfs (only "\n" ends a line: file names keep \x0c, \u2028 ...); None when
+    the process is gone or unreadable."""
+    try:
+        maps = procfs.read_maps(pid)
+    except (ProcessGone, AccessDenied, procfs.ParseError, OSError):
+        return None
+    return [MapEntry(m.start, m.end, m.offset, m.perms, m.path) for m in maps]
+
+
+def _start_brk(pid: int) -> int | None:
+    try:
+        return int(procfs.stat_field(procfs.read_proc_text(pid, "stat"), 47))  # start_brk
+    except (ProcessGone, AccessDenied, OSError, ValueError):  # ValueError: procfs.ParseError too
+        return None
+
+
+def _is_process(pid: int) -> bool:
+    """A process (its own thread group leader), not one more thread of another."""
+    try:
+        return procfs.status_int(procfs.read_status(pid), "Tgid") == pid
+    except (ProcessGone, AccessDenied, OSError, ValueError):
+        return False
+
+
+# Events applied per drain: ~20 ms of Python work at the rates bench_bpf measures, so the lock (and the
+# tick behind it) is never held long.
+MAX_BATCH = 8192
+STOP_DRAIN_S = 1.0  # at stop, what the ring holds (it refills while the target runs: bounded)
+
+
+class BpfProbe(SnapshotRows):
+    name = "bpf"
+
+    def __init__(self, options: HuntOptions | None = None, poll_interval: float = 0.05,
+                 defines: dict[str, int] | None = None) -> None:
+        # BPF is on by default but optional: unavailable, the hunt warns and goes on with the watcher,
+        # unless the user asked for it explicitly (options.extra["bpf_required"]).
+        self.required = bool(options is not None and options.extra.get("bpf_required"))
+        self.poll_interval = poll_interval
+        self.defines = {"LT_RING_PAGES": 2048, **(defines or {})}
+        self.ledger = OutstandingLedger()
+        self.symbols = Symbolizer()
+        self.lock = threading.RLock()
+        self.prog: Any = None
+        self.header_kind = ""
+        self.ctx: HuntContext | None = None
+        self._queue: list[Event] = []
+        self._known: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._site_lib: dict[tuple[int, int, int, int], str] = {}
+        self._stacks: dict[tuple[int, int], int] = {}  # (pid, site) -> stack_id
+        # Kernel regions at the last snapshot, per tgid (only starts and seqs are kept: 16 bytes a region).
+        self._seen_kernel: dict[int, KernelRegions] = {}
+        self._kernel_count = 0
+        # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
+        self._korigin_ids: dict[tuple[bool, int, int, int], int] = {}
+        self._korigins: list[Origin] = []
+        self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._lib = None
+        self._maps_refreshed: dict[int, float] = {}
+        self.attach_s: float | None = None
+        self.error: str | None = None
+        self.pidns_ino: int | None = None  # set when /proc's pids are not the kernel's (bpf/leaktrace.bpf.c)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, ctx: HuntContext) -> None:
+        from leaktrace.probes.bpf import loader
+
+        self.ctx = ctx
+        t0 = time.monotonic()
+        # Inside a PID namespace the kernel's pids are not /proc's: the program then translates them.
+        ns = loader.pid_namespace()
+        self.pidns_ino = None if ns is None or ns.is_init else ns.ino
+        self.prog, choice = loader.load_program(defines={**self.defines, **(ns.defines() if ns else {})})
+        self.header_kind = choice.kind
+        self._lib = loader.import_bcc().libbcc.lib
+        try:
+            self.prog[b"events"].open_ring_buffer(self._on_event)
+        except Exception as e:  # noqa: BLE001
+            self.prog.cleanup()
+            raise BpfUnavailable(f"cannot open the BPF ring buffer: {e}") from e
+        for pid in ctx.targets.live():
+            self._add_target(pid)
+        self.attach_s = time.monotonic() - t0
+        where = f", pids of PID namespace {self.pidns_ino}" if self.pidns_ino else ""
+        ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
+                f"attached in {self.attach_s:.2f}s")
+        self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
+        self._thread.start()
+
+    def add_pid(self, pid: int) -> None:
+        with self.lock:
+            self._add_target(pid)
+
+    def _add_target(self, pid: int) -> None:
+        if pid in self._known:
+            return
+        self._known.add(pid)
+        if self.pidns_ino:
+            # The kernel learns the host pid at the process's next traced call (bpf/leaktrace.bpf.c).
+            self.prog[b"ns_targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        else:
+            self.prog[b"targets"][ct.c_uint32(pid)] = ct.c_uint32(0)
+        self._seed(pid)
+
+    def _seed(self, pid: int) -> None:
+        maps = _read_maps(pid)
+        if maps is None:
+            return
+        self.symbols.set_maps(pid, maps)
+        self._maps_refreshed[pid] = time.monotonic()
+        # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
+        self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
+                         t=time.monotonic_ns())
+
+    def _poll_loop(self) -> None:
+        full = False
+        # A full batch means more is waiting: drain again at once, but take the lock per batch so the
+        # hunt's tick (watcher, snapshots) never waits behind a stream of events.
+        while not self._stop.wait(0 if full else self.poll_interval):
+            try:
+                with self.lock:
+                    full = self._drain()
+            except Exception as e:  # noqa: BLE001 - never kill the hunt from the poll thread
+                self.error = f"{type(e).__name__}: {e}"
+                if self.ctx:
+                    self.ctx.warn(f"bpf: event processing failed: {self.error}")
+                return
+
+    def tick(self, now: float) -> None:
+        with self.lock:
+            if self.ctx is not None:
+                for pid in self.ctx.targets.live():
+                    self._add_target(pid)
+            self._drain()
+            self._snapshot()
+
+    def stop(self) -> None:
+        if self.prog is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self.lock:
+            try:
+                # What the ring holds at stop, in batches; bounded, as the target may go on mapping.
+                deadline = time.monotonic() + STOP_DRAIN_S
+                while self._drain() and time.monotonic() < deadline:
+                    pass
+                self._snapshot()
+                self._write_final()
+            finally:
+                self.prog.cleanup()
+                self.prog = None
+
+    def summary(self) -> dict[str, Any]:
+        tot = self.ledger_totals()
+        return {"events": self._counters["syscalls"], "lost_events": self._counters["lost_events"],
+                "outstanding_bytes": tot, "slow_events": self._counters["slow_events"],
+                "settled_in_kernel": self._counters["settled"], "headers": self.header_kind,
+                "attach_s": self.attach_s, "error": self.error}
+
+    # ------------------------------------------------------------------ events
+    def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
+        self._queue.append(Event.from_buffer_copy(ct.string_at(data, ct.sizeof(Event))))
+        # A negative answer ends libbpf's ring_buffer__consume() after this record (already consumed):
+        # without it, one consume lasts as long as the target keeps the ring fed — tens of seconds under
+        # a steady munmap stream, with the tick blocked behind it.
+        return -1 if len(self._queue) >= MAX_BATCH else 0
+
+    def _drain(self) -> bool:
+        """Apply at most MAX_BATCH events from the ring; True when the batch was full (more may wait)."""
+        if self.prog is None:
+            return False
+        self.prog.ring_buffer_consume()
+        if not self._queue:
+            return False
+        batch, self._queue = self._queue, []
+        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_EXEC, EV_EXIT) for e in batch)
+        kmap = self._scan_kernel() if needs_kernel else {}
+        taken: set[tuple[int, int]] = set()
+        rows = []
+        for e in batch:
+            self._apply(e, kmap, taken)
+            rows.append(self._event_row(e))
+        if self.ctx is not None:
+            self.ctx.session.append("bpf_events", rows)
+        return len(batch) >= MAX_BATCH
+
+    def _apply(self, e: Event, kmap: dict, taken: set) -> None:
+        pid = e.tgid
+        if e.type == EV_MMAP:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e, "anon" if e.fd == (1 << 64) - 1 else "file"))
+            if e.fd != (1 << 64) - 1 and e.prot & 4:
+                self._refresh_maps(pid, force=True)
+        elif e.type == EV_MUNMAP:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.ledger.munmap(pid, e.addr, e.len)
+        elif e.type == EV_MREMAP:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self._absorb(kmap, pid, e.new_addr, e.new_addr + e.new_len, e.seq, taken)
+            self.ledger.mremap(pid, e.addr, e.len, e.new_addr, e.new_len,
+                               dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._origin_of(e, "anon"))
+        elif e.type == EV_BRK:
+            self.ledger.brk(pid, e.addr, self._origin_of(e, "heap"))
+        elif e.type == EV_FORK:
+            child = e.aux_pid
+            if _is_process(child):
+                self.symbols.copy_maps(pid, child)
+                self._known.add(child)
+                self._seed(child)
+                if self.ctx is not None:
+                    with self.ctx.targets.lock:
+                        self.ctx.targets.pids.setdefault(child, pid)
+        elif e.type == EV_EXEC:
+            self._drop_kernel(kmap, pid, e.seq, taken)
+            self.ledger.exec(pid)
+            self.symbols.forget(pid)
+            self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
+            self._seed(pid)
+        elif e.type == EV_EXIT:
+            self._drop_kernel(kmap, pid, e.seq, taken)
+            self.ledger.exit(pid, e.seq)
+            self._known.discard(pid)
+        elif e.type == EV_LIBMAP:
+            self._refresh_maps(pid, force=True)
+
+    def _refresh_maps(self, pid: int, force: bool = False) -> None:
+        last = self._maps_refreshed.get(pid, 0.0)
+        if not force and time.monotonic() - last < 1.0:
+            return
+        maps = _read_maps(pid)
+        if maps is not None:
+            self.symbols.set_maps(pid, maps)
+            self._maps_refreshed[pid] = time.monotonic()

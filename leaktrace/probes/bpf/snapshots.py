@@ -1,0 +1,161 @@
+"""The rows the eBPF probe writes into the session: per-library totals per tick, the slow-path events,
+and at stop every outstanding region and one stack per call site.
+
+Session tables written (``t`` = seconds since hunt start, as every table):
+
+``bpf_events``       one row per slow-path event: t, type (mmap|munmap|mremap|brk|fork|exec|exit|libmap),
+                     pid, tid, addr, len, new_addr, new_len, flags, prot, site, stack_key, result, child
+``bpf_stacks``       one row per call site: stack_key ("PID:0xRETADDR"), pid, site, stack_id, library,
+                     symbol (the site frame as text), frames ("\\n"-joined, innermost first: the syscall
+                     instruction, the caller at the return address, then the frame-pointer walk)
+``ledger_snapshots`` per tick and (pid, library, kind): t, pid, library, kind (anon|file|heap),
+                     outstanding_bytes, regions. Pre-existing mappings are not included.
+``ledger_regions``   at stop, every outstanding region: pid, start, end, size, library, kind,
+                     stack_key, preexisting, t_born (NaN for pre-existing), path
+``bpf_counters``     per tick: t, syscalls, fast_maps, settled, slow_events, lost_events, map_full,
+                     stacks, failed, ring_pending, kernel_regions, header_kind
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import math
+import os
+from collections import defaultdict
+from typing import Any
+
+from leaktrace import procfs
+from leaktrace.errors import LeaktraceError
+from leaktrace.probes import HuntContext
+from leaktrace.probes.bpf.addrspace import Origin
+from leaktrace.probes.bpf.kernel import KernelSide
+from leaktrace.probes.bpf.layout import COUNTERS, EV_BRK, EV_MMAP, EV_MREMAP, EV_MUNMAP, EVENT_NAMES, Event
+from leaktrace.probes.bpf.ledger import Symbolizer
+
+
+def _i64(x: int) -> int:
+    """Parquet columns are int64: store u64 words (a garbage return address, fd -1) as their signed bits."""
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+class SnapshotRows(KernelSide):
+    """The session rows of :class:`~leaktrace.probes.bpf.probe.BpfProbe` (its base class, over the kernel
+    half): the probe owns the state these methods use, declared here, and ``_refresh_maps``."""
+
+    ctx: HuntContext | None
+    symbols: Symbolizer
+    header_kind: str
+    _counters: dict[str, int]
+    _queue: list[Event]
+    _site_lib: dict[tuple[int, int, int, int], str]
+    _stacks: dict[tuple[int, int], int]
+
+    def _t(self, seq_ns: int) -> float:
+        if self.ctx is None:
+            return seq_ns / 1e9
+        return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
+
+    def _event_row(self, e: Event) -> dict[str, Any]:
+        has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP)
+        return {"t": self._t(e.seq), "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
+                "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
+                "new_len": _i64(e.new_len), "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd),
+                "site": _i64(e.site), "stack_key": f"{e.tgid}:{e.site:#x}" if has_site else "",
+                "result": e.result, "child": e.aux_pid}
+
+    # ------------------------------------------------------------------ snapshots
+    def _library(self, pid: int, o: Origin) -> str:
+        if o.preexisting:
+            return os.path.basename(o.path) if o.path else "(pre-existing)"
+        key = (pid, self.ledger.execs.get(pid, 0), o.site, o.ip)
+        lib = self._site_lib.get(key)
+        if lib is None:
+            if not (self.symbols.knows(pid, o.site) or self.symbols.knows(pid, o.ip)):
+                self._refresh_maps(pid)
+            lib = self.symbols.library_of(pid, o.site, o.ip)
+            if lib != "?" or not procfs.pid_exists(pid):
+                self._site_lib[key] = lib
+            if o.stack_id >= 0:
+                self._stacks.setdefault((pid, o.site), o.stack_id)
+        return lib
+
+    def _read_counters(self) -> None:
+        table = self.prog[b"counters"]
+        for i, name in enumerate(COUNTERS):
+            self._counters[name] = int(sum(table[ct.c_int(i)]))
+
+    def _snapshot(self) -> None:
+        if self.prog is None or self.ctx is None:
+            return
+        self._read_counters()
+        t = self.ctx.session.now()
+        groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for pid, start, end, o, _t, _k in self._outstanding():
+            if o.preexisting:
+                continue
+            g = groups[(pid, self._library(pid, o), o.kind)]
+            g[0] += end - start
+            g[1] += 1
+        rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
+                for (pid, lib, kind), (b, n) in sorted(groups.items())]
+        self.ctx.session.append("ledger_snapshots", rows)
+        total = sum(r["outstanding_bytes"] for r in rows)
+        self.ctx.session.append("bpf_counters", {"t": t, **self._counters, "ring_pending": len(self._queue),
+                                                 "kernel_regions": self._kernel_count,
+                                                 "header_kind": self.header_kind})
+        by_library: dict[str, int] = defaultdict(int)
+        for r in rows:
+            by_library[r["library"]] += r["outstanding_bytes"]
+        self.ctx.live["bpf"] = {"outstanding_bytes": total, "events": self._counters["syscalls"],
+                                "lost_events": self._counters["lost_events"],
+                                "outstanding_by_library": dict(by_library)}
+
+    def ledger_totals(self) -> int:
+        live = self.ctx.live.get("bpf", {}) if self.ctx else {}
+        return int(live.get("outstanding_bytes", 0))
+
+    def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:
+        frames: list[str] = []
+        if ip:
+            frames.append(str(self.symbols.frame(pid, ip)))
+        if site:
+            frames.append(str(self.symbols.frame(pid, site)))
+        if stack_id >= 0 and self.prog is not None:
+            try:
+                addrs = list(self.prog[b"stacks"].walk(stack_id))
+            except (KeyError, LeaktraceError, Exception):  # noqa: BLE001 - evicted stack id
+                addrs = []
+            for a in addrs[1:]:  # [0] is the syscall instruction itself
+                if a == site:
+                    continue
+                frames.append(str(self.symbols.frame(pid, a)))
+        return frames
+
+    def _write_final(self) -> None:
+        if self.ctx is None:
+            return
+        t0 = self.ctx.session.meta["t0_monotonic"]
+        region_rows = []
+        stack_origin: dict[tuple[int, int], Origin] = {}
+        for pid, start, end, o, t_born, _k in self._outstanding():
+            lib = self._library(pid, o)
+            key = f"{pid}:{o.site:#x}" if not o.preexisting else ""
+            if not o.preexisting:
+                stack_origin.setdefault((pid, o.site), o)
+            region_rows.append({"pid": pid, "start": start, "end": end, "size": end - start, "library": lib,
+                                "kind": o.kind, "stack_key": key, "preexisting": o.preexisting,
+                                "t_born": math.nan if o.preexisting else t_born / 1e9 - t0,
+                                "path": o.path})
+            if len(region_rows) >= 50_000:  # bounded: hundreds of thousands of regions after a long hunt
+                self.ctx.session.append("ledger_regions", region_rows)
+                self.ctx.session.flush()
+                region_rows = []
+        self.ctx.session.append("ledger_regions", region_rows)
+        stack_rows = []
+        for (pid, site), o in stack_origin.items():
+            frames = self.stack_frames(pid, site, o.ip, o.stack_id)
+            stack_rows.append({"stack_key": f"{pid}:{site:#x}", "pid": pid, "site": _i64(site), "stack_id": o.stack_id,
+                               "library": self._library(pid, o),
+                               "symbol": str(self.symbols.frame(pid, site)) if site else "",
+                               "frames": "\n".join(frames)})
+        self.ctx.session.append("bpf_stacks", stack_rows)
