@@ -174,11 +174,12 @@ class SessionWriter:
     def _write_part(self, table: str, rows: list[dict[str, Any]]) -> None:
         d = self.path / TABLES / table
         d.mkdir(exist_ok=True)
-        schema = SCHEMAS.get(table)
-        if schema is not None:
-            tbl = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
-        else:
-            tbl = pa.Table.from_pylist(rows)
+        try:
+            tbl = _to_table(table, rows)
+        except UnicodeEncodeError:
+            # A name read from /proc with surrogateescape (a file or process name that is not UTF-8):
+            # Arrow strings are UTF-8, so its undecodable bytes are written as \xNN escapes.
+            tbl = _to_table(table, [{k: _utf8(v) for k, v in r.items()} for r in rows])
         seq = self._seq.get(table, 0)
         self._seq[table] = seq + 1
         final = d / f"part-{seq:06d}.parquet"
@@ -216,6 +217,19 @@ class SessionWriter:
             self.update_meta(end_wall=time.time(), complete=True, rows=dict(self._rows_written), **final_meta)
         except OSError as e:  # disk full: meta.json keeps its last complete version (atomic rename)
             self.write_error = e
+
+
+def _to_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
+    schema = SCHEMAS.get(table)
+    if schema is not None:
+        return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
+    return pa.Table.from_pylist(rows)
+
+
+def _utf8(v: Any) -> Any:
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return v
 
 
 def _swap_in(staging: Path, final: Path) -> Path:

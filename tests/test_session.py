@@ -100,3 +100,24 @@ def test_truncated_part_is_skipped(tmp_path):
 def test_unwritable_output(tmp_path):
     with pytest.raises(OutputNotWritable):
         SessionWriter("/proc/leaktrace-cannot-write-here")
+
+
+def test_names_that_are_not_utf8_are_written_escaped(tmp_path):
+    """/proc names are bytes (read with surrogateescape): a file or process name that is not UTF-8 must
+    not stop the flush thread (Arrow strings are UTF-8); its bytes are kept as \\xNN escapes."""
+    w = SessionWriter(tmp_path / "s", flush_interval=0.05)
+    odd = os.fsdecode(b"/tmp/lib\xff\xfeodd.so")
+    w.append("regions", {"t": 0.0, "pid": 1, "snapshot": "first", "start": 4096, "end": 8192, "size": 4096,
+                         "rss": 0, "anon": 0, "perms": "r-xp", "offset": 0, "path": odd, "cls": "lib"})
+    w.append("custom", {"t": 0.0, "name": odd})
+    w.flush()
+    w.append("rollup", {"t": 1.0, "pid": 1, "rss": 1, "pss": 1, "uss": 1, "anon": 1, "swap": 0, "shared": 0})
+    from conftest import wait_for
+
+    # The flush thread is still alive: it writes the next rows on its own.
+    assert wait_for(lambda: any((tmp_path / "s" / "tables" / "rollup").glob("part-*.parquet")), timeout=10)
+    w.close()
+    r = SessionReader(tmp_path / "s")
+    assert list(r.table("regions")["path"]) == ["/tmp/lib\\xff\\xfeodd.so"]
+    assert list(r.table("custom")["name"]) == ["/tmp/lib\\xff\\xfeodd.so"]
+    assert len(r.table("rollup")) == 1 and w.write_error is None
