@@ -164,7 +164,7 @@ def _open_session(pids: list[int], options: HuntOptions, out: Path, meta: dict[s
     return SessionWriter(out, meta={
         "target": {"pids": pids, "processes": [describe_target(pid) for pid in pids]},
         "options": {k: procfs.redact_cmdline(v) if k == "metrics_urls" else v  # user:pass@ in URLs
-                    for k, v in asdict(options).items() if k != "extra"},
+                    for k, v in asdict(options).items()},
         "argv": procfs.redact_cmdline(sys.argv),
         **(meta or {}),
     }, replace=replace)

@@ -73,19 +73,17 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
     options = HuntOptions(duration=duration, interval=interval, smaps_every=max(1, smaps_every),
                           bpf=not no_bpf, gdb=not no_gdb, gdb_samples=gdb_samples, vllm=vllm,
                           metrics_urls=list(metrics_urls), pyheap=pyheap, prometheus_port=prometheus_port,
-                          live=live, extra={"prometheus_addr": prometheus_addr})
-    if not no_bpf:
-        # Asked for by default: without BPF the hunt cannot name libraries, so "no BPF" is one clear
-        # error (exit 5) with the way out (--no-bpf), not a hunt that quietly knows less.
-        options.extra["bpf_required"] = True
-    if gdb_seconds is not None:
-        options.extra["gdb_seconds"] = gdb_seconds
+                          live=live, prometheus_addr=prometheus_addr, gdb_seconds=gdb_seconds,
+                          # Asked for by default: without BPF the hunt cannot name libraries, so "no BPF"
+                          # is one clear error (exit 5) with the way out (--no-bpf), not a hunt that
+                          # quietly knows less.
+                          bpf_required=not no_bpf)
     if gdb_pause_pct is not None:
         if not 0 < gdb_pause_pct <= 100:
             raise UsageError("--gdb-pause-pct must be in (0, 100]")
         # A larger pause share needs a matching stop rate, or the stops/s limit ends sampling first.
-        options.extra["gdb_budget"] = {"pause_fraction": gdb_pause_pct / 100.0,
-                                       "max_stops_per_s": max(200.0, 200.0 * gdb_pause_pct)}
+        options.gdb_pause_fraction = gdb_pause_pct / 100.0
+        options.gdb_max_stops_per_s = max(200.0, 200.0 * gdb_pause_pct)
     roots = list(pids)
     if vllm:
         from leaktrace.discover import vllm_targets

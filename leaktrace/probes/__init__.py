@@ -48,8 +48,15 @@ class HuntOptions:
     metrics_urls: list[str] = field(default_factory=list)
     pyheap: bool = False
     prometheus_port: int | None = None
+    prometheus_addr: str = "127.0.0.1"
     live: bool | None = None  # None: when stdout is a TTY
-    extra: dict[str, Any] = field(default_factory=dict)
+    # BPF asked for (the CLI's default): unavailable, the hunt stops with one clear error (exit 5) instead
+    # of going on with /proc alone.
+    bpf_required: bool = False
+    gdb_seconds: float | None = None  # longest gdb window per process (None: the probe's default)
+    # Pause budget of the gdb sampler (None: the probe's defaults, see probes/gdb/attach.PauseBudget).
+    gdb_pause_fraction: float | None = None
+    gdb_max_stops_per_s: float | None = None
 
 
 @dataclass

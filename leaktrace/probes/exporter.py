@@ -124,7 +124,7 @@ class PrometheusExporter:
 
     def __init__(self, options: Any) -> None:
         self.port = int(options.prometheus_port)
-        self.addr = (getattr(options, "extra", None) or {}).get("prometheus_addr") or DEFAULT_ADDR
+        self.addr = getattr(options, "prometheus_addr", None) or DEFAULT_ADDR
         self.duration = float(getattr(options, "duration", 0.0))
         self.rates = RecentRates()
         self.ctx: HuntContext | None = None

@@ -76,8 +76,8 @@ class BpfProbe(SnapshotRows):
     def __init__(self, options: HuntOptions | None = None, poll_interval: float = 0.05,
                  defines: dict[str, int] | None = None) -> None:
         # BPF is on by default but optional: unavailable, the hunt warns and goes on with the watcher,
-        # unless the user asked for it explicitly (options.extra["bpf_required"]).
-        self.required = bool(options is not None and options.extra.get("bpf_required"))
+        # unless the user asked for it explicitly (options.bpf_required).
+        self.required = bool(options is not None and options.bpf_required)
         self.poll_interval = poll_interval
         self.defines = {"LT_RING_PAGES": 2048, **(defines or {})}
         self.ledger = OutstandingLedger()

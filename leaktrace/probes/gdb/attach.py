@@ -18,7 +18,7 @@ Never harm the target:
   syscall (PTRACE_SYSCALL) and gdb resumes the non-matching ones itself, without running the
   sampler; a syscall-heavy target pays that for the whole window (``gdb_seconds``, 10 s by default).
   Rare call paths among frequent mmaps (seed 002's pool growth: one 148 KiB chunk per ~1,000 hooked
-  munmaps) need a larger budget (``HuntOptions.extra["gdb_budget"]``) or the eBPF ledger.
+  munmaps) need a larger budget (``--gdb-pause-pct``: HuntOptions.gdb_pause_fraction) or the eBPF ledger.
 - gdb runs in its own session (a Ctrl-C on the terminal reaches leaktrace only, which detaches
   cleanly). If leaktrace dies, even by SIGKILL, gdb reads EOF on its stdin, quits, and the sampler's
   ``gdb_exiting`` handler detaches first.

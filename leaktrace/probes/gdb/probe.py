@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from leaktrace.errors import GdbUnavailable, NoSuchProcess
+from leaktrace.probes import HuntOptions
 from leaktrace.probes.gdb.attach import GdbRun, PauseBudget, sample_process
 from leaktrace.probes.gdb.checks import preflight
 from leaktrace.probes.gdb.rows import run_row, sample_row
@@ -30,14 +31,20 @@ class GdbProbe:
     name = "gdb"
     required = True  # asked-for gdb that cannot work is an error the user must see, not a warning
 
-    def __init__(self, options: Any = None) -> None:
+    def __init__(self, options: HuntOptions | None = None) -> None:
+        options = options or HuntOptions()
         self.options = options
-        n = getattr(options, "gdb_samples", None)
-        extra = getattr(options, "extra", None) or {}
+        n = options.gdb_samples
         self.on_growth_only = n is None
         self.samples_per_process = DEFAULT_SAMPLES_ON_GROWTH if n is None else int(n)
-        self.seconds_per_process = float(extra.get("gdb_seconds", DEFAULT_SECONDS_PER_PROCESS))
-        self.budget = PauseBudget(**extra.get("gdb_budget", {}))
+        self.seconds_per_process = float(options.gdb_seconds if options.gdb_seconds is not None
+                                         else DEFAULT_SECONDS_PER_PROCESS)
+        budget: dict[str, float] = {}
+        if options.gdb_pause_fraction is not None:
+            budget["pause_fraction"] = options.gdb_pause_fraction
+        if options.gdb_max_stops_per_s is not None:
+            budget["max_stops_per_s"] = options.gdb_max_stops_per_s
+        self.budget = PauseBudget(**budget)
         self.ctx = None
         self._queue: queue.Queue[int] = queue.Queue()
         self._queued: set[int] = set()
