@@ -47,6 +47,11 @@ def ledger_summary(reader: TableSource) -> dict[str, Any]:
         out["settled_in_kernel"] = int(c.get("settled", 0))
         out["kernel_map_full"] = int(c.get("map_full", 0))
         out["headers"] = str(c.get("header_kind", ""))
+    exits = reader.table("ledger_exits")
+    if not exits.empty:
+        # Targets that exited during the hunt (normally, by a signal, OOM-killed): what each held then.
+        out["exits"] = [{"pid": int(r.pid), "t": round(float(r.t), 3), "outstanding_bytes": int(r.outstanding_bytes),
+                         "regions": int(r.regions)} for r in exits.sort_values("t").itertuples()]
     if not regions.empty and "preexisting" in regions:
         pre = regions[regions["preexisting"].astype(bool)]
         out["preexisting_bytes"] = int(pre["size"].sum())

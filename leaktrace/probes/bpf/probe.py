@@ -263,6 +263,7 @@ class BpfProbe(SnapshotRows):
             self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
             self._seed(pid)
         elif e.type == EV_EXIT:
+            self._record_exit(pid, e.seq, kmap)
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
             self._known.discard(pid)

@@ -11,7 +11,10 @@ Session tables written (``t`` = seconds since hunt start, as every table):
 ``ledger_snapshots`` per tick and (pid, library, kind): t, pid, library, kind (anon|file|heap),
                      outstanding_bytes, regions. Pre-existing mappings are not included.
 ``ledger_regions``   at stop, every outstanding region: pid, start, end, size, library, kind,
-                     stack_key, preexisting, t_born (NaN for pre-existing), path
+                     stack_key, preexisting, t_born (NaN for pre-existing), path, at_exit (False); and
+                     when a target exits, what it held then (at_exit True)
+``ledger_exits``     one row per target that exited during the hunt: t, pid, outstanding_bytes, regions
+                     (what it held at its exit; its last ``ledger_snapshots`` rows are at the same t)
 ``bpf_counters``     per tick: t, syscalls, fast_maps, settled, slow_events, lost_events, map_full,
                      stacks, failed, ring_pending, kernel_regions, header_kind
 """
@@ -22,13 +25,14 @@ import ctypes as ct
 import math
 import os
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin
-from leaktrace.probes.bpf.kernel import KernelSide
+from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
 from leaktrace.probes.bpf.layout import COUNTERS, EV_BRK, EV_MMAP, EV_MREMAP, EV_MUNMAP, EVENT_NAMES, Event
 from leaktrace.probes.bpf.ledger import Symbolizer
 
@@ -134,10 +138,17 @@ class SnapshotRows(KernelSide):
     def _write_final(self) -> None:
         if self.ctx is None:
             return
+        self._write_regions(((pid, start, end, o, t_born) for pid, start, end, o, t_born, _k in self._outstanding()),
+                            at_exit=False)
+
+    def _write_regions(self, items: Iterable[tuple[int, int, int, Origin, int]], at_exit: bool) -> None:
+        """Outstanding regions (pid, start, end, origin, t_born) as ``ledger_regions`` rows, and one
+        ``bpf_stacks`` row per call site among them."""
+        assert self.ctx is not None
         t0 = self.ctx.session.meta["t0_monotonic"]
         region_rows = []
         stack_origin: dict[tuple[int, int], Origin] = {}
-        for pid, start, end, o, t_born, _k in self._outstanding():
+        for pid, start, end, o, t_born in items:
             lib = self._library(pid, o)
             key = f"{pid}:{o.site:#x}" if not o.preexisting else ""
             if not o.preexisting:
@@ -145,7 +156,7 @@ class SnapshotRows(KernelSide):
             region_rows.append({"pid": pid, "start": start, "end": end, "size": end - start, "library": lib,
                                 "kind": o.kind, "stack_key": key, "preexisting": o.preexisting,
                                 "t_born": math.nan if o.preexisting else t_born / 1e9 - t0,
-                                "path": o.path})
+                                "path": o.path, "at_exit": at_exit})
             if len(region_rows) >= 50_000:  # bounded: hundreds of thousands of regions after a long hunt
                 self.ctx.session.append("ledger_regions", region_rows)
                 self.ctx.session.flush()
@@ -159,3 +170,31 @@ class SnapshotRows(KernelSide):
                                "symbol": str(self.symbols.frame(pid, site)) if site else "",
                                "frames": "\n".join(frames)})
         self.ctx.session.append("bpf_stacks", stack_rows)
+
+    def _record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions]) -> None:
+        """A target exits: what it held at that moment (both halves) becomes its last ledger snapshot, its
+        regions and its call stacks, before the exit releases them — the leak of a worker the OOM killer
+        just took stays in the report."""
+        if self.ctx is None:
+            return
+        items: list[tuple[int, int, int, Origin, int]] = []
+        kr = kmap.get(pid)
+        if kr is not None:
+            items += [(pid, start, end, self._korigins[oid], rseq)
+                      for start, end, rseq, oid in zip(kr.starts, kr.ends, kr.seqs, kr.oids, strict=True) if rseq < seq]
+        sp = self.ledger.spaces.get(pid)
+        if sp is not None:
+            items += [(pid, start, end, o, t_born) for start, end, o, t_born in sp.rows()]
+        groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for _pid, start, end, o, _t in items:
+            if not o.preexisting:
+                g = groups[(self._library(pid, o), o.kind)]
+                g[0] += end - start
+                g[1] += 1
+        t = self._t(seq)
+        self.ctx.session.append("ledger_snapshots", [
+            {"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
+            for (lib, kind), (b, n) in sorted(groups.items())])
+        self.ctx.session.append("ledger_exits", {"t": t, "pid": pid, "outstanding_bytes": sum(b for b, _ in groups.values()),
+                                                 "regions": sum(n for _, n in groups.values())})
+        self._write_regions(items, at_exit=True)
