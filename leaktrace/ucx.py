@@ -24,11 +24,11 @@ import os
 import re
 import struct
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from leaktrace import procfs
+from leaktrace.elf import elf_info
 from leaktrace.errors import AccessDenied, ProcessGone
 
 UCX_LIB_RE = re.compile(r"(^|/)libuc[pmst](-[0-9a-f]{8})?\.so")
@@ -47,59 +47,6 @@ SRC_UCM = "ucm_global_opts in libucm memory (parsed, effective)"
 SRC_LIVE_ENV = "live environ (libc __environ in process memory)"
 SRC_LAUNCH_ENV = "launch environ (/proc/PID/environ)"
 SRC_DEFAULT = "UCX default (not set)"
-
-
-# ----------------------------------------------------------------------------- ELF symbols
-
-@dataclass(frozen=True)
-class ElfInfo:
-    symbols: dict[str, tuple[int, int]]  # name -> (st_value, st_size), defined dynamic symbols
-    first_load_vaddr: int  # p_vaddr of the first PT_LOAD, page-aligned down
-
-
-@lru_cache(maxsize=64)
-def _elf_info_cached(path: str, mtime_ns: int, size: int) -> ElfInfo:
-    with open(path, "rb") as f:
-        data = f.read()
-    return parse_elf_dynsym(data)
-
-
-def elf_info(path: str) -> ElfInfo:
-    st = os.stat(path)
-    return _elf_info_cached(path, st.st_mtime_ns, st.st_size)
-
-
-def parse_elf_dynsym(data: bytes) -> ElfInfo:
-    """The defined symbols of an ELF64 little-endian shared object's ``.dynsym`` (no pyelftools needed)."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError("not an ELF64 little-endian file")
-    (e_phoff, e_shoff) = struct.unpack_from("<QQ", data, 0x20)
-    (e_phentsize, e_phnum, e_shentsize, e_shnum) = struct.unpack_from("<HHHH", data, 0x36)
-    first_load = None
-    for i in range(e_phnum):
-        p_type, _flags, _p_offset, p_vaddr = struct.unpack_from("<IIQQ", data, e_phoff + i * e_phentsize)
-        if p_type == 1:  # PT_LOAD
-            first_load = p_vaddr & ~0xFFF
-            break
-    sections = []
-    for i in range(e_shnum):
-        (sh_name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize) = \
-            struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize)
-        sections.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize))
-    symbols: dict[str, tuple[int, int]] = {}
-    for sh_type, off, size, link, entsize in sections:
-        if sh_type != 11:  # SHT_DYNSYM
-            continue
-        str_off = sections[link][1]
-        for j in range(size // (entsize or 24)):
-            st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
-                "<IBBHQQ", data, off + j * (entsize or 24))
-            if st_shndx == 0 or st_value == 0:
-                continue  # undefined (imported) symbol
-            end = data.index(b"\0", str_off + st_name)
-            name = data[str_off + st_name:end].decode("ascii", "replace")
-            symbols.setdefault(name, (st_value, st_size))
-    return ElfInfo(symbols, first_load or 0)
 
 
 # ----------------------------------------------------------------------------- process memory

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, is_root, run_cli
 
-from leaktrace import procfs, ucx
+from leaktrace import elf, procfs, ucx
 from leaktrace.session import SessionReader
 
 CACHE = REPO / ".cache"
@@ -146,7 +146,7 @@ def test_decode_jump_forms() -> None:
 
 def test_elf_symbols_of_libc() -> None:
     libc = next(m.path for m in procfs.read_maps(procfs.os.getpid()) if ucx.LIBC_RE.search(m.path or ""))
-    syms = ucx.elf_info(libc).symbols
+    syms = elf.elf_info(libc).symbols
     assert {"mmap", "munmap", "__environ"} <= set(syms)
 
 
