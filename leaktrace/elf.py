@@ -14,8 +14,66 @@ from __future__ import annotations
 import bisect
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+# ----------------------------------------------------------------------------- the parser core
+
+PT_LOAD = 1
+SHT_SYMTAB = 2
+SHT_DYNSYM = 11
+STT_FUNC = 2
+
+Header = tuple[int, int, int, int, int, int]  # e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize, e_shnum
+Section = tuple[int, int, int, int, int]  # sh_type, sh_offset, sh_size, sh_link, sh_entsize
+
+
+def _header(data: bytes) -> Header:
+    e_phoff, e_shoff = struct.unpack_from("<QQ", data, 0x20)
+    e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from("<HHHH", data, 0x36)
+    return e_phoff, e_shoff, e_phentsize, e_phnum, e_shentsize, e_shnum
+
+
+def _loads(data: bytes, h: Header) -> Iterator[tuple[int, int, int]]:
+    """(p_offset, p_vaddr, p_filesz) of each PT_LOAD segment, in file order (read as they are asked for)."""
+    e_phoff, _shoff, e_phentsize, e_phnum, _shentsize, _shnum = h
+    for i in range(e_phnum):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, e_phoff + i * e_phentsize)
+        if p_type == PT_LOAD:
+            yield p_offset, p_vaddr, p_filesz
+
+
+def _sections(data: bytes, h: Header) -> list[Section]:
+    _phoff, e_shoff, _phentsize, _phnum, e_shentsize, e_shnum = h
+    out = []
+    for i in range(e_shnum):
+        (_name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize) = \
+            struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize)
+        out.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize))
+    return out
+
+
+def _symbols(data: bytes, sections: list[Section], types: tuple[int, ...],
+             default_entsize: int = 0) -> Iterator[tuple[int, int, int, int, int]]:
+    """(offset of the name in ``data``, st_info, st_shndx, st_value, st_size) of every entry of the symbol
+    tables of the given section types. A table with sh_entsize 0 is read with ``default_entsize``, or
+    skipped when that is 0 too."""
+    for sh_type, off, size, link, entsize in sections:
+        step = entsize or default_entsize
+        if sh_type not in types or not step:
+            continue
+        str_off = sections[link][1]
+        for j in range(size // step):
+            st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
+                "<IBBHQQ", data, off + j * step)
+            yield str_off + st_name, st_info, st_shndx, st_value, st_size
+
+
+def _name(data: bytes, at: int, encoding: str) -> str:
+    return data[at:data.index(b"\0", at)].decode(encoding, "replace")
+
 
 # ----------------------------------------------------------------------------- exported symbols by name
 
@@ -41,32 +99,13 @@ def parse_elf_dynsym(data: bytes) -> ElfInfo:
     """The defined symbols of an ELF64 little-endian shared object's ``.dynsym`` (no pyelftools needed)."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not an ELF64 little-endian file")
-    (e_phoff, e_shoff) = struct.unpack_from("<QQ", data, 0x20)
-    (e_phentsize, e_phnum, e_shentsize, e_shnum) = struct.unpack_from("<HHHH", data, 0x36)
-    first_load = None
-    for i in range(e_phnum):
-        p_type, _flags, _p_offset, p_vaddr = struct.unpack_from("<IIQQ", data, e_phoff + i * e_phentsize)
-        if p_type == 1:  # PT_LOAD
-            first_load = p_vaddr & ~0xFFF
-            break
-    sections = []
-    for i in range(e_shnum):
-        (sh_name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize) = \
-            struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize)
-        sections.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize))
+    h = _header(data)
+    first_load = next((p_vaddr & ~0xFFF for _off, p_vaddr, _sz in _loads(data, h)), None)
     symbols: dict[str, tuple[int, int]] = {}
-    for sh_type, off, size, link, entsize in sections:
-        if sh_type != 11:  # SHT_DYNSYM
-            continue
-        str_off = sections[link][1]
-        for j in range(size // (entsize or 24)):
-            st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
-                "<IBBHQQ", data, off + j * (entsize or 24))
-            if st_shndx == 0 or st_value == 0:
-                continue  # undefined (imported) symbol
-            end = data.index(b"\0", str_off + st_name)
-            name = data[str_off + st_name:end].decode("ascii", "replace")
-            symbols.setdefault(name, (st_value, st_size))
+    for name_at, _info, st_shndx, st_value, st_size in _symbols(data, _sections(data, h), (SHT_DYNSYM,), 24):
+        if st_shndx == 0 or st_value == 0:
+            continue  # undefined (imported) symbol
+        symbols.setdefault(_name(data, name_at, "ascii"), (st_value, st_size))
     return ElfInfo(symbols, first_load or 0)
 
 
@@ -105,28 +144,17 @@ def read_elf_symbols(path: str) -> ElfSymbols:
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return out
     try:
-        e_phoff, e_shoff = struct.unpack_from("<QQ", data, 0x20)
-        e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from("<HHHH", data, 0x36)
-        for i in range(e_phnum):
-            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
-                "<IIQQQQ", data, e_phoff + i * e_phentsize)
-            if p_type == 1:
-                out.loads.append((p_offset, p_vaddr, p_filesz))
-        sections = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+        h = _header(data)
+        for load in _loads(data, h):
+            out.loads.append(load)
         syms: dict[int, tuple[int, int, str]] = {}
-        for _name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize in sections:
-            if sh_type not in (2, 11) or not sh_entsize:  # SHT_SYMTAB, SHT_DYNSYM
+        for name_at, st_info, st_shndx, st_value, st_size in _symbols(data, _sections(data, h),
+                                                                      (SHT_SYMTAB, SHT_DYNSYM)):
+            if (st_info & 0xF) != STT_FUNC or st_shndx == 0 or st_value == 0:  # FUNC, defined
                 continue
-            str_off = sections[sh_link][4]
-            for k in range(sh_size // sh_entsize):
-                st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
-                    "<IBBHQQ", data, sh_offset + k * sh_entsize)
-                if (st_info & 0xF) != 2 or st_shndx == 0 or st_value == 0:  # FUNC, defined
-                    continue
-                end = data.index(b"\0", str_off + st_name)
-                name = data[str_off + st_name:end].decode("utf-8", "replace")
-                if st_value not in syms or (syms[st_value][1] == 0 and st_size):
-                    syms[st_value] = (st_value, st_size, name)
+            name = _name(data, name_at, "utf-8")
+            if st_value not in syms or (syms[st_value][1] == 0 and st_size):
+                syms[st_value] = (st_value, st_size, name)
         out.syms = sorted(syms.values())
         out.addrs = [s[0] for s in out.syms]
     except (struct.error, IndexError, ValueError):
