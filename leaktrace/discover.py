@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from leaktrace import procfs, ucx
+from leaktrace import procfs, procmem, ucx
 from leaktrace.errors import AccessDenied, LeaktraceError, ProcessGone
 
 LABELS = ("api-server", "engine-core", "worker", "dp-coordinator", "proxy", "other")
@@ -160,7 +160,7 @@ def _config_env(env: dict[str, str]) -> dict[str, str]:
 def _read_env(pid: int, maps: list[procfs.Mapping] | None) -> tuple[dict[str, str], str]:
     """(environment, where it came from) for one process; empty when nothing is readable."""
     try:
-        live = ucx.read_live_environ(pid, maps)
+        live = procmem.read_live_environ(pid, maps)
     except (LeaktraceError, OSError, ValueError):
         live = None
     if live:
