@@ -24,8 +24,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from leaktrace import procfs, procmem, ucx
+from leaktrace import procfs, procmem
 from leaktrace.errors import AccessDenied, LeaktraceError, ProcessGone
+from leaktrace.vllm import ucx
 
 LABELS = ("api-server", "engine-core", "worker", "dp-coordinator", "proxy", "other")
 ROLES = ("prefill", "decode", "both", "unknown")

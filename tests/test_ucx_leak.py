@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, is_root, run_cli
 
-from leaktrace import elf, procfs, procmem, ucx
+from leaktrace import elf, procfs, procmem
 from leaktrace.session import SessionReader
+from leaktrace.vllm import ucx
 
 CACHE = REPO / ".cache"
 UCX_DIR = CACHE / "ucx-1.20.1"
