@@ -231,7 +231,7 @@ def _scrape_role(host: str | None, port: int, timeout: float = 1.0) -> tuple[str
             text = r.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError, ValueError) as e:
         return None, f"{url} unreachable ({e.__class__.__name__})"
-    from leaktrace.probes.metrics import parse_metrics, summarize
+    from leaktrace.vllm.metrics import parse_metrics, summarize
 
     s = summarize(parse_metrics(text))
     if s.get("kv_external_prompt_tokens", 0) > 0 or s.get("nixl_transfers", 0) > 0:
