@@ -151,7 +151,7 @@ PROM_COUNTED = {
 def test_prometheus_text_fuzz(lines):
     """vLLM /metrics pages, valid or not: a list of samples or a ValueError (the scraper's contract); when
     the page parses, each counted sample line adds its value once to its figure, every other figure is 0."""
-    from leaktrace.probes import metrics
+    from leaktrace.vllm import metrics
 
     try:
         samples = metrics.parse_metrics("\n".join(lines) + "\n")

@@ -12,29 +12,30 @@ from pathlib import Path
 import pytest
 from conftest import LEAKTRACE, REPO, is_root, run_cli
 
-from leaktrace import discover as disc
+from leaktrace.vllm import discover as disc
+from leaktrace.vllm import labels
 
 TARGETS = Path(__file__).resolve().parent / "targets"
 KV = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
 
 
 def test_is_vllm_serve() -> None:
-    assert disc.is_vllm_serve(["/v/bin/python3.11", "/v/bin/vllm", "serve", "m"])
-    assert disc.is_vllm_serve(["vllm", "serve", "m", "--port", "8000"])
-    assert disc.is_vllm_serve(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"])
-    assert not disc.is_vllm_serve(["python", "-m", "vllm.entrypoints.cli.main", "bench"])
-    assert not disc.is_vllm_serve(["/usr/bin/vllm-helper", "serve"])
+    assert labels.is_vllm_serve(["/v/bin/python3.11", "/v/bin/vllm", "serve", "m"])
+    assert labels.is_vllm_serve(["vllm", "serve", "m", "--port", "8000"])
+    assert labels.is_vllm_serve(["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"])
+    assert not labels.is_vllm_serve(["python", "-m", "vllm.entrypoints.cli.main", "bench"])
+    assert not labels.is_vllm_serve(["/usr/bin/vllm-helper", "serve"])
 
 
 def test_serve_settings_and_proxy_ports() -> None:
-    s = disc.serve_settings(["vllm", "serve", "/m", "--port=8200", "--kv-transfer-config", json.dumps(KV)])
+    s = labels.serve_settings(["vllm", "serve", "/m", "--port=8200", "--kv-transfer-config", json.dumps(KV)])
     assert s["model"] == "/m" and s["port"] == 8200 and s["kv_transfer_config"]["kv_connector"] == "NixlConnector"
-    assert disc.serve_settings(["vllm", "serve", "--model", "/x"])["port"] == 8000
-    assert disc.proxy_ports(["p.py", "--prefiller-ports", "8100", "8101", "--decoder-ports", "8200"]) == {
+    assert labels.serve_settings(["vllm", "serve", "--model", "/x"])["port"] == 8000
+    assert labels.proxy_ports(["p.py", "--prefiller-ports", "8100", "8101", "--decoder-ports", "8200"]) == {
         "prefill": [8100, 8101], "decode": [8200]}
-    assert disc.proxy_ports(["p.py", "--prefiller-port=8100", "--decoder-port=8200"]) == {
+    assert labels.proxy_ports(["p.py", "--prefiller-port=8100", "--decoder-port=8200"]) == {
         "prefill": [8100], "decode": [8200]}
-    assert disc.proxy_ports(["p.py", "--port", "8000"]) is None
+    assert labels.proxy_ports(["p.py", "--port", "8000"]) is None
 
 
 @pytest.mark.parametrize("title,label", [

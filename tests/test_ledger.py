@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from leaktrace.elf import read_elf_symbols
 from leaktrace.probes.bpf.addrspace import Origin
-from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up, read_elf_symbols
+from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
 
 P = 4096
 A = Origin("anon", t_born=1, site=0x1000)

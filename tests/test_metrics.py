@@ -14,8 +14,8 @@ import pytest
 from conftest import run_cli
 
 from leaktrace.analysis import load as load_analysis
-from leaktrace.probes.metrics import normalize_url, parse_metrics, summarize
 from leaktrace.session import SessionReader, SessionWriter
+from leaktrace.vllm.metrics import normalize_url, parse_metrics, summarize
 
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -12,7 +12,8 @@ import sys
 import pytest
 from conftest import REPO, run_cli
 
-from leaktrace import discover, procfs, ucx
+from leaktrace import procfs
+from leaktrace.vllm import discover, ucx
 
 NIXL_DIR = REPO / ".cache" / "nixl-1.5.1"
 # Loopback only: UCX would otherwise also use eth0. '^ib*,rdmacm' avoids a segfault at exit when

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, is_root, run_cli
 
-from leaktrace import procfs, ucx
+from leaktrace import elf, procfs, procmem
 from leaktrace.session import SessionReader
+from leaktrace.vllm import ucx
 
 CACHE = REPO / ".cache"
 UCX_DIR = CACHE / "ucx-1.20.1"
@@ -145,8 +146,8 @@ def test_decode_jump_forms() -> None:
 
 
 def test_elf_symbols_of_libc() -> None:
-    libc = next(m.path for m in procfs.read_maps(procfs.os.getpid()) if ucx.LIBC_RE.search(m.path or ""))
-    syms = ucx.elf_info(libc).symbols
+    libc = next(m.path for m in procfs.read_maps(procfs.os.getpid()) if procmem.LIBC_RE.search(m.path or ""))
+    syms = elf.elf_info(libc).symbols
     assert {"mmap", "munmap", "__environ"} <= set(syms)
 
 
@@ -155,7 +156,7 @@ def test_live_environ_of_self_sees_putenv() -> None:
 
     os.environ["UCX_LEAKTRACE_SELFTEST"] = "live-value"  # putenv: not in /proc/self/environ
     try:
-        env = ucx.read_live_environ(os.getpid())
+        env = procmem.read_live_environ(os.getpid())
         assert env is not None and env["UCX_LEAKTRACE_SELFTEST"] == "live-value"
         assert "UCX_LEAKTRACE_SELFTEST" not in procfs.read_environ(os.getpid(), redact=False)
     finally:

@@ -12,8 +12,8 @@ import pandas as pd
 
 from leaktrace.analysis.growth import MB, class_rate_table
 from leaktrace.analysis.ledger import native_culprits
-from leaktrace.discover import LABELS, classify_argv
 from leaktrace.session import TableSource
+from leaktrace.vllm.labels import LABELS, classify_argv
 
 # Verdict thresholds (stated in the report so a reader can judge the verdict).
 THRESHOLDS: dict[str, float] = {

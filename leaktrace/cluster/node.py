@@ -18,8 +18,8 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.cluster.request import node_label
-from leaktrace.discover import vllm_targets
 from leaktrace.errors import LeaktraceError
+from leaktrace.vllm.discover import vllm_targets
 
 
 def _ancestors(pid: int) -> set[int]:

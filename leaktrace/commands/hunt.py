@@ -86,7 +86,7 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
         options.gdb_max_stops_per_s = max(200.0, 200.0 * gdb_pause_pct)
     roots = list(pids)
     if vllm:
-        from leaktrace.discover import vllm_targets
+        from leaktrace.vllm.discover import vllm_targets
 
         found = vllm_targets()
         if not found and not roots:

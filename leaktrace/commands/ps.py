@@ -7,7 +7,7 @@ import json
 import click
 
 from leaktrace import procfs
-from leaktrace.discover import discover, instances
+from leaktrace.vllm.discover import discover, instances
 
 
 @click.command("ps")

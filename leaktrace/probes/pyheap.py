@@ -29,9 +29,10 @@ from functools import lru_cache
 from typing import Any
 
 from leaktrace import procfs
+from leaktrace.elf import elf_info
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
-from leaktrace.ucx import ProcMem, elf_info, load_bias
+from leaktrace.procmem import ProcMem, load_bias
 
 PY_LIB_RE = re.compile(r"(^|/)(libpython3\.\d+[a-z]*\.so[.\d]*|python3(\.\d+)?)$")
 MAX_WALK = 3_000_000

@@ -1,4 +1,4 @@
-"""The ucx probe: effective UCX state of every target that maps UCX (see leaktrace.ucx).
+"""The ucx probe: effective UCX state of every target that maps UCX (see leaktrace.vllm.ucx).
 
 Writes the ``ucx_state`` table: one row per process when first seen with UCX mapped, and again whenever
 a value changes (vLLM and NIXL set UCX_* in-process at run time, lazily, just before importing nixl),
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from leaktrace import procfs, ucx
+from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.vllm import ucx
 
 _COMPARED = ("hooks_active", "hook_mode", "rcache_max_unreleased", "rcache_enable", "ucx_libs")
 

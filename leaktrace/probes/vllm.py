@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from leaktrace.discover import discover, instances
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.vllm.discover import discover, instances
 
 
 class VllmProbe:

@@ -170,7 +170,7 @@ def _alive(pid: int) -> bool:
 
 
 def label_of(pid: int) -> str:
-    """A short human label from comm/cmdline (vLLM-aware labels come from leaktrace.discover)."""
+    """A short human label from comm/cmdline (vLLM-aware labels come from leaktrace.vllm.labels)."""
     try:
         comm = procfs.read_comm(pid)
     except (ProcessGone, AccessDenied):

@@ -8,17 +8,17 @@ over integers, so it is unit-tested without a kernel (tests/test_ledger.py).
 
 :class:`Symbolizer` turns user addresses into ``library!symbol+0xoff`` from copies of
 /proc/PID/maps kept per process (so it still works after the process exited) and the ELF symbol
-tables of the mapped files (read with a small reader here: no pyelftools on the target machines).
+tables of the mapped files (read with :mod:`leaktrace.elf`: no pyelftools on the target machines).
 """
 
 from __future__ import annotations
 
 import bisect
 import os
-import struct
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from leaktrace.elf import ElfSymbols, read_elf_symbols
 from leaktrace.probes.bpf.addrspace import AddressSpace, Interval, Origin, OriginTable
 
 PAGE = 4096
@@ -161,68 +161,6 @@ class Frame:
         if self.library in ("?", "[anon]"):
             return f"{self.library}@{self.addr:#x}"
         return f"{self.library}+{self.offset:#x}"
-
-
-@dataclass
-class ElfSymbols:
-    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (p_offset, p_vaddr, p_filesz)
-    addrs: list[int] = field(default_factory=list)
-    syms: list[tuple[int, int, str]] = field(default_factory=list)  # (value, size, name), sorted
-
-    def file_offset_to_vaddr(self, off: int) -> int:
-        for p_off, p_vaddr, p_filesz in self.loads:
-            if p_off <= off < p_off + max(p_filesz, 1):
-                return off - p_off + p_vaddr
-        return off
-
-    def lookup(self, vaddr: int) -> tuple[str, int] | None:
-        i = bisect.bisect_right(self.addrs, vaddr) - 1
-        if i < 0:
-            return None
-        value, size, name = self.syms[i]
-        if size and vaddr >= value + size:
-            return None
-        return name, vaddr - value
-
-
-def read_elf_symbols(path: str) -> ElfSymbols:
-    """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF."""
-    out = ElfSymbols()
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return out
-    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return out
-    try:
-        e_phoff, e_shoff = struct.unpack_from("<QQ", data, 0x20)
-        e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from("<HHHH", data, 0x36)
-        for i in range(e_phnum):
-            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
-                "<IIQQQQ", data, e_phoff + i * e_phentsize)
-            if p_type == 1:
-                out.loads.append((p_offset, p_vaddr, p_filesz))
-        sections = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
-        syms: dict[int, tuple[int, int, str]] = {}
-        for _name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize in sections:
-            if sh_type not in (2, 11) or not sh_entsize:  # SHT_SYMTAB, SHT_DYNSYM
-                continue
-            str_off = sections[sh_link][4]
-            for k in range(sh_size // sh_entsize):
-                st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
-                    "<IBBHQQ", data, sh_offset + k * sh_entsize)
-                if (st_info & 0xF) != 2 or st_shndx == 0 or st_value == 0:  # FUNC, defined
-                    continue
-                end = data.index(b"\0", str_off + st_name)
-                name = data[str_off + st_name:end].decode("utf-8", "replace")
-                if st_value not in syms or (syms[st_value][1] == 0 and st_size):
-                    syms[st_value] = (st_value, st_size, name)
-        out.syms = sorted(syms.values())
-        out.addrs = [s[0] for s in out.syms]
-    except (struct.error, IndexError, ValueError):
-        return out
-    return out
 
 
 class Symbolizer:

@@ -24,17 +24,17 @@ import os
 import re
 import struct
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from leaktrace import procfs
-from leaktrace.errors import AccessDenied, ProcessGone
+from leaktrace.elf import elf_info
+from leaktrace.errors import AccessDenied
+from leaktrace.procmem import LIBC_RE, ProcMem, lib_path, load_bias, mapping_at, read_live_environ
 
 UCX_LIB_RE = re.compile(r"(^|/)libuc[pmst](-[0-9a-f]{8})?\.so")
 UCM_LIB_RE = re.compile(r"(^|/)libucm(-[0-9a-f]{8})?\.so")
 UCP_LIB_RE = re.compile(r"(^|/)libucp(-[0-9a-f]{8})?\.so")
-LIBC_RE = re.compile(r"(^|/)libc(\.so\.6|-[0-9.]+\.so)$")
 
 HOOKED_FUNCTIONS = ("mmap", "munmap", "mremap", "madvise", "brk")
 HOOK_MODES = {0: "none", 1: "reloc", 2: "bistro"}
@@ -49,129 +49,7 @@ SRC_LAUNCH_ENV = "launch environ (/proc/PID/environ)"
 SRC_DEFAULT = "UCX default (not set)"
 
 
-# ----------------------------------------------------------------------------- ELF symbols
-
-@dataclass(frozen=True)
-class ElfInfo:
-    symbols: dict[str, tuple[int, int]]  # name -> (st_value, st_size), defined dynamic symbols
-    first_load_vaddr: int  # p_vaddr of the first PT_LOAD, page-aligned down
-
-
-@lru_cache(maxsize=64)
-def _elf_info_cached(path: str, mtime_ns: int, size: int) -> ElfInfo:
-    with open(path, "rb") as f:
-        data = f.read()
-    return parse_elf_dynsym(data)
-
-
-def elf_info(path: str) -> ElfInfo:
-    st = os.stat(path)
-    return _elf_info_cached(path, st.st_mtime_ns, st.st_size)
-
-
-def parse_elf_dynsym(data: bytes) -> ElfInfo:
-    """The defined symbols of an ELF64 little-endian shared object's ``.dynsym`` (no pyelftools needed)."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError("not an ELF64 little-endian file")
-    (e_phoff, e_shoff) = struct.unpack_from("<QQ", data, 0x20)
-    (e_phentsize, e_phnum, e_shentsize, e_shnum) = struct.unpack_from("<HHHH", data, 0x36)
-    first_load = None
-    for i in range(e_phnum):
-        p_type, _flags, _p_offset, p_vaddr = struct.unpack_from("<IIQQ", data, e_phoff + i * e_phentsize)
-        if p_type == 1:  # PT_LOAD
-            first_load = p_vaddr & ~0xFFF
-            break
-    sections = []
-    for i in range(e_shnum):
-        (sh_name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize) = \
-            struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize)
-        sections.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize))
-    symbols: dict[str, tuple[int, int]] = {}
-    for sh_type, off, size, link, entsize in sections:
-        if sh_type != 11:  # SHT_DYNSYM
-            continue
-        str_off = sections[link][1]
-        for j in range(size // (entsize or 24)):
-            st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
-                "<IBBHQQ", data, off + j * (entsize or 24))
-            if st_shndx == 0 or st_value == 0:
-                continue  # undefined (imported) symbol
-            end = data.index(b"\0", str_off + st_name)
-            name = data[str_off + st_name:end].decode("ascii", "replace")
-            symbols.setdefault(name, (st_value, st_size))
-    return ElfInfo(symbols, first_load or 0)
-
-
-# ----------------------------------------------------------------------------- process memory
-
-class ProcMem:
-    """Reads another process's memory through /proc/PID/mem (pread; the target keeps running)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        try:
-            self.fd = os.open(f"{procfs.PROC}/{pid}/mem", os.O_RDONLY)
-        except (FileNotFoundError, ProcessLookupError) as e:
-            raise ProcessGone(pid, "mem") from e
-        except PermissionError as e:
-            raise AccessDenied(pid, f"/proc/{pid}/mem") from e
-
-    def read(self, addr: int, size: int) -> bytes | None:
-        try:
-            return os.pread(self.fd, size, addr)
-        except OSError:
-            return None  # unmapped, or the process went away between two reads
-
-    def read_ptr(self, addr: int) -> int | None:
-        b = self.read(addr, 8)
-        return struct.unpack("<Q", b)[0] if b and len(b) == 8 else None
-
-    def read_cstr(self, addr: int, limit: int = 8192) -> bytes | None:
-        out = b""
-        while len(out) < limit:
-            chunk = self.read(addr + len(out), 256)
-            if not chunk:
-                return out or None
-            i = chunk.find(b"\0")
-            if i >= 0:
-                return out + chunk[:i]
-            out += chunk
-        return out
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def __enter__(self) -> ProcMem:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def load_bias(maps: list[procfs.Mapping], path: str) -> int | None:
-    """Where ``path`` is loaded: start of its offset-0 mapping minus its first PT_LOAD vaddr."""
-    for m in maps:
-        if m.path == path and m.offset == 0:
-            try:
-                return m.start - elf_info(path).first_load_vaddr
-            except (OSError, ValueError):
-                return None
-    return None
-
-
-def _lib_path(maps: list[procfs.Mapping], regex: re.Pattern[str]) -> str | None:
-    for m in maps:
-        if m.path and regex.search(m.path) and os.path.exists(m.path):
-            return m.path
-    return None
-
-
-def _mapping_at(maps: list[procfs.Mapping], addr: int) -> procfs.Mapping | None:
-    for m in maps:
-        if m.start <= addr < m.end:
-            return m
-    return None
-
+# ----------------------------------------------------------------------------- memory hooks
 
 def decode_jump(code: bytes, at: int) -> int | None:
     """Target of a patch at a function entry: ``jmp rel32``, ``movabs r11/rax; jmp *reg``, or
@@ -183,49 +61,6 @@ def decode_jump(code: bytes, at: int) -> int | None:
     if len(code) >= 12 and code[0] == 0x48 and code[1] == 0xB8 and code[10:12] == b"\xff\xe0":
         return struct.unpack_from("<Q", code, 2)[0]  # movabs $addr,%rax; jmp *%rax
     return None
-
-
-# ----------------------------------------------------------------------------- live environ
-
-def read_live_environ(pid: int, maps: list[procfs.Mapping] | None = None, mem: ProcMem | None = None,
-                      max_entries: int = 20000) -> dict[str, str] | None:
-    """The environment a process sees *now* (libc's ``__environ`` array), unredacted — callers keep only
-    the keys they need. None when libc is not mapped (static binary) or the memory cannot be read."""
-    maps = maps if maps is not None else procfs.read_maps(pid)
-    libc = _lib_path(maps, LIBC_RE)
-    if not libc:
-        return None
-    bias = load_bias(maps, libc)
-    sym = elf_info(libc).symbols.get("__environ") or elf_info(libc).symbols.get("environ")
-    if bias is None or not sym:
-        return None
-    own = mem is None
-    mem = mem or ProcMem(pid)
-    try:
-        arr = mem.read_ptr(bias + sym[0])
-        if not arr:
-            return None
-        env: dict[str, str] = {}
-        raw = mem.read(arr, 8 * 512) or b""
-        i = 0
-        while i < max_entries:
-            if (i + 1) * 8 > len(raw):
-                more = mem.read(arr + len(raw), 8 * 512)
-                if not more:
-                    break
-                raw += more
-            (ptr,) = struct.unpack_from("<Q", raw, i * 8)
-            if ptr == 0:
-                break
-            s = mem.read_cstr(ptr)
-            if s and b"=" in s:
-                k, _, v = s.partition(b"=")
-                env.setdefault(k.decode("utf-8", "replace"), v.decode("utf-8", "replace"))
-            i += 1
-        return env
-    finally:
-        if own:
-            mem.close()
 
 
 # ----------------------------------------------------------------------------- the state
@@ -322,7 +157,7 @@ def read_ucx_config(pid: int, ancestor_env: dict[str, str] | None = None,
         if name and UCX_LIB_RE.search(name) and name not in libs:
             libs.append(name)
     cfg.ucx_libs = libs
-    ucp = _lib_path(maps, UCP_LIB_RE)
+    ucp = lib_path(maps, UCP_LIB_RE)
     if ucp:
         cfg.ucx_version = _version_near(ucp)
 
@@ -371,8 +206,8 @@ def read_ucx_config(pid: int, ancestor_env: dict[str, str] | None = None,
 
 
 def _read_hooks(cfg: UcxConfig, maps: list[procfs.Mapping], mem: ProcMem) -> None:
-    libc = _lib_path(maps, LIBC_RE)
-    ucm = _lib_path(maps, UCM_LIB_RE)
+    libc = lib_path(maps, LIBC_RE)
+    ucm = lib_path(maps, UCM_LIB_RE)
     if ucm:
         bias = load_bias(maps, ucm)
         try:
@@ -411,7 +246,7 @@ def _read_hooks(cfg: UcxConfig, maps: list[procfs.Mapping], mem: ProcMem) -> Non
         target = decode_jump(code, at)
         if target is None:
             continue
-        tm = _mapping_at(maps, target)
+        tm = mapping_at(maps, target)
         if tm is None or tm.path == libc:
             continue  # a jump inside libc is libc's own code, not a patch
         lib = os.path.basename(tm.path) if tm.path else "anon"

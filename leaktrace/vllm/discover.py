@@ -1,9 +1,7 @@
 """Process discovery with vLLM labels, for ``leaktrace ps`` and ``hunt --vllm``.
 
-vLLM's process model (V1 engine): ``vllm serve`` is the API server (never retitled), its child
-``VLLM::EngineCore`` (``EngineCore_DP{n}``), grandchildren ``VLLM::Worker…``; also ``VLLM::APIServer_{i}``,
-``VLLM::DPCoordinator`` and a multiprocessing ``resource_tracker``. Titles come from setproctitle with a
-configurable prefix (``VLLM_PROCESS_NAME_PREFIX``), so we match ``<prefix>::<Kind>`` rather than exact names.
+What one command line says (label, title, a server's settings, a proxy's ports) is
+:mod:`leaktrace.vllm.labels`; here the processes are scanned, grouped into instances and read.
 
 Retitled processes show an all-NUL ``/proc/PID/environ`` and their title as cmdline. Settings are read, in
 order, from the live environment in process memory (libc ``__environ``, which setproctitle keeps valid and
@@ -17,23 +15,16 @@ instance = decode).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import urllib.error
 import urllib.request
 from typing import Any
 
-from leaktrace import procfs, ucx
+from leaktrace import procfs, procmem
 from leaktrace.errors import AccessDenied, LeaktraceError, ProcessGone
-
-LABELS = ("api-server", "engine-core", "worker", "dp-coordinator", "proxy", "other")
-ROLES = ("prefill", "decode", "both", "unknown")
-
-# "<prefix>::<Kind><suffix>" as set by vLLM's bind_process_name / setproctitle.
-TITLE_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.-]+)::(?P<kind>EngineCore|Worker|DPCoordinator|APIServer)(?P<rest>\S*)")
-_TITLE_LABEL = {"EngineCore": "engine-core", "Worker": "worker", "DPCoordinator": "dp-coordinator",
-                "APIServer": "api-server"}
+from leaktrace.vllm import ucx
+from leaktrace.vllm.labels import TITLE_RE, classify_argv, is_vllm_serve, proxy_ports, serve_settings
 
 # Libraries of interest, by group; file names as mapped (wheels rename them with a hash suffix).
 LIB_GROUPS: dict[str, re.Pattern[str]] = {
@@ -54,85 +45,6 @@ SRC_ANCESTOR = "/proc/{pid}/environ of untitled ancestor {pid} (this process is 
 
 
 # ----------------------------------------------------------------------------- one process
-
-def _opt(argv: list[str], *names: str) -> str | None:
-    """Value of ``--name V`` or ``--name=V`` (last one wins, as argparse does)."""
-    val = None
-    for i, a in enumerate(argv):
-        for n in names:
-            if a == n and i + 1 < len(argv):
-                val = argv[i + 1]
-            elif a.startswith(n + "="):
-                val = a[len(n) + 1:]
-    return val
-
-
-def _ints(text: str | None) -> list[int]:
-    return [int(x) for x in re.split(r"[,\s]+", text or "") if x.isdigit()]
-
-
-def is_vllm_serve(argv: list[str]) -> bool:
-    """``vllm serve MODEL``, ``python -m vllm.entrypoints.cli.main serve`` or the OpenAI api_server module."""
-    for i, a in enumerate(argv[:4]):
-        base = os.path.basename(a)
-        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
-            return True
-        if a in ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main"):
-            return a.endswith("api_server") or "serve" in argv[i + 1:i + 2]
-    return False
-
-
-_PREFILL_FLAGS = ("--prefiller-ports", "--prefiller-port", "--prefill-ports", "--prefill-port")
-_DECODE_FLAGS = ("--decoder-ports", "--decoder-port", "--decode-ports", "--decode-port")
-
-
-def _flag_ints(argv: list[str], flags: tuple[str, ...]) -> list[int]:
-    """Ports after any of ``flags``: ``--f 1 2``, ``--f 1,2`` or ``--f=1,2``."""
-    out: list[int] = []
-    for i, a in enumerate(argv):
-        name, eq, val = a.partition("=")
-        if name not in flags:
-            continue
-        if eq:
-            out += _ints(val)
-            continue
-        for nxt in argv[i + 1:]:
-            if nxt.startswith("-") or not _ints(nxt):
-                break
-            out += _ints(nxt)
-    return out
-
-
-def proxy_ports(argv: list[str]) -> dict[str, list[int]] | None:
-    """Ports named by a P/D proxy's command line, e.g. vLLM's toy proxy: {"prefill": [...], "decode": [...]}."""
-    pre, dec = _flag_ints(argv, _PREFILL_FLAGS), _flag_ints(argv, _DECODE_FLAGS)
-    if not pre and not dec:
-        return None
-    return {"prefill": pre, "decode": dec}
-
-
-def serve_settings(argv: list[str]) -> dict[str, Any]:
-    """Model, host, port and kv-transfer-config from a ``vllm serve`` command line."""
-    model = _opt(argv, "--model")
-    if model is None:
-        for i, a in enumerate(argv):
-            if a == "serve" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-                model = argv[i + 1]
-                break
-    port = _opt(argv, "--port")
-    kv_raw = _opt(argv, "--kv-transfer-config")
-    kv: Any = None
-    if kv_raw:
-        try:
-            # Secrets inside the config (kv_connector_extra_config passwords, tokens) never leave here.
-            kv = json.loads(procfs.redact_json_text(kv_raw))
-        except json.JSONDecodeError:
-            kv = {"unparsed": procfs.redact_json_text(kv_raw)}
-    return {"model": model, "host": _opt(argv, "--host"), "port": int(port) if port and port.isdigit() else 8000,
-            "port_source": "cmdline --port" if port else "vLLM default (8000)",
-            "kv_transfer_config": kv, "data_parallel_size": _opt(argv, "--data-parallel-size", "-dp"),
-            "tensor_parallel_size": _opt(argv, "--tensor-parallel-size", "-tp")}
-
 
 def libs_of_interest(maps: list[procfs.Mapping]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
@@ -160,7 +72,7 @@ def _config_env(env: dict[str, str]) -> dict[str, str]:
 def _read_env(pid: int, maps: list[procfs.Mapping] | None) -> tuple[dict[str, str], str]:
     """(environment, where it came from) for one process; empty when nothing is readable."""
     try:
-        live = ucx.read_live_environ(pid, maps)
+        live = procmem.read_live_environ(pid, maps)
     except (LeaktraceError, OSError, ValueError):
         live = None
     if live:
@@ -197,21 +109,6 @@ def _label(p: dict[str, Any]) -> tuple[str, str | None]:
     return classify_argv(p["argv"])
 
 
-def classify_argv(argv: list[str]) -> tuple[str, str | None]:
-    """(label in :data:`LABELS`, title or kind detail) of a process from its command line alone."""
-    title = argv[0] if argv else ""
-    m = TITLE_RE.match(title)
-    if m:
-        return _TITLE_LABEL[m.group("kind")], m.group(0)
-    if is_vllm_serve(argv):
-        return "api-server", None
-    if proxy_ports(argv):
-        return "proxy", None
-    if any("multiprocessing.resource_tracker" in a for a in argv[:4]):
-        return "other", "resource_tracker"
-    return "other", None
-
-
 def _descendants(root: int, kids: dict[int, list[int]]) -> list[int]:
     out, stack = [], [root]
     while stack:
@@ -230,7 +127,7 @@ def _scrape_role(host: str | None, port: int, timeout: float = 1.0) -> tuple[str
             text = r.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError, ValueError) as e:
         return None, f"{url} unreachable ({e.__class__.__name__})"
-    from leaktrace.probes.metrics import parse_metrics, summarize
+    from leaktrace.vllm.metrics import parse_metrics, summarize
 
     s = summarize(parse_metrics(text))
     if s.get("kv_external_prompt_tokens", 0) > 0 or s.get("nixl_transfers", 0) > 0:
