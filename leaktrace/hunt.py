@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from leaktrace import outdir, procfs
+from leaktrace import outdir, procfs, redact
 from leaktrace.errors import LeaktraceError, NoSuchProcess, OutputNotWritable
 from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
 from leaktrace.probes.bpf.probe import BpfProbe
@@ -94,8 +94,8 @@ def describe_target(pid: int) -> dict[str, Any]:
         out["comm"] = procfs.read_comm(pid)
         out["cmdline"] = procfs.read_cmdline(pid)
         env = procfs.read_environ(pid)
-        out["environ"] = {k: v for k, v in env.items() if v != procfs.REDACTED}
-        out["environ_redacted_keys"] = sum(1 for v in env.values() if v == procfs.REDACTED)
+        out["environ"] = {k: v for k, v in env.items() if v != redact.REDACTED}
+        out["environ_redacted_keys"] = sum(1 for v in env.values() if v == redact.REDACTED)
     except (ProcessGone, AccessDenied) as e:
         out["error"] = str(e)
     return out
@@ -163,9 +163,9 @@ def _open_session(pids: list[int], options: HuntOptions, out: Path, meta: dict[s
                   replace: bool) -> SessionWriter:
     return SessionWriter(out, meta={
         "target": {"pids": pids, "processes": [describe_target(pid) for pid in pids]},
-        "options": {k: procfs.redact_cmdline(v) if k == "metrics_urls" else v  # user:pass@ in URLs
+        "options": {k: redact.redact_cmdline(v) if k == "metrics_urls" else v  # user:pass@ in URLs
                     for k, v in asdict(options).items()},
-        "argv": procfs.redact_cmdline(sys.argv),
+        "argv": redact.redact_cmdline(sys.argv),
         **(meta or {}),
     }, replace=replace)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from leaktrace import procfs
+from leaktrace import procfs, redact
 from leaktrace.errors import NoSuchProcess, ProcessGone
 from leaktrace.memclass import classify, classify_all
 
@@ -99,16 +99,16 @@ def test_gone_process_is_typed_error():
 
 def test_environ_redaction_allow_list():
     raw = b"UCX_TLS=tcp\0HF_TOKEN=hf_abc\0VLLM_API_KEY=zz\0VLLM_PORT=8000\0SECRET=s\0PATH=/bin\0MY_VAR=x\0"
-    env = procfs.redact_environ(procfs.parse_environ(raw))
+    env = redact.redact_environ(procfs.parse_environ(raw))
     assert env["UCX_TLS"] == "tcp" and env["VLLM_PORT"] == "8000" and env["PATH"] == "/bin"
     for k in ("HF_TOKEN", "VLLM_API_KEY", "SECRET", "MY_VAR"):
-        assert env[k] == procfs.REDACTED
+        assert env[k] == redact.REDACTED
     assert procfs.parse_environ(b"\0" * 64) == {}
 
 
 def test_cmdline_redaction():
     argv = ["vllm", "serve", "m", "--api-key", "sk-123", "--hf-token=hf_x", "http://u:pw@host/x", "--port", "8000"]
-    out = procfs.redact_cmdline(argv)
+    out = redact.redact_cmdline(argv)
     joined = " ".join(out)
     assert "sk-123" not in joined and "hf_x" not in joined and "pw@" not in joined
     assert out[-2:] == ["--port", "8000"]

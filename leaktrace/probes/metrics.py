@@ -22,7 +22,7 @@ from typing import Any
 
 from leaktrace.errors import MetricsUnreachable
 from leaktrace.probes import HuntContext, HuntOptions
-from leaktrace.procfs import redact_url
+from leaktrace.redact import redact_url
 from leaktrace.vllm.metrics import normalize_url, parse_metrics, scrape, summarize
 
 

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from leaktrace import procfs, procmem
+from leaktrace import procfs, procmem, redact
 from leaktrace.errors import AccessDenied, LeaktraceError, ProcessGone
 from leaktrace.vllm import ucx
 from leaktrace.vllm.labels import TITLE_RE, classify_argv, is_vllm_serve, proxy_ports, serve_settings
@@ -66,7 +66,7 @@ def libs_of_interest(maps: list[procfs.Mapping]) -> dict[str, list[str]]:
 
 
 def _config_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: procfs.redact_env_value(k, v) for k, v in sorted(env.items()) if k.startswith(CONFIG_ENV_PREFIXES)}
+    return {k: redact.redact_env_value(k, v) for k, v in sorted(env.items()) if k.startswith(CONFIG_ENV_PREFIXES)}
 
 
 def _read_env(pid: int, maps: list[procfs.Mapping] | None) -> tuple[dict[str, str], str]:
@@ -288,7 +288,7 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             "port": info.get("port") if inst else None,
             "host": info.get("host") if inst else None,
             "model": info.get("model") if inst else None,
-            "cmdline": " ".join(procfs.redact_cmdline(p["argv"]))[:500],
+            "cmdline": " ".join(redact.redact_cmdline(p["argv"]))[:500],
             "libs": libs, "lib_groups": sorted(lib_groups),
             "config": config,
         }

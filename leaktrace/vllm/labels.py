@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from leaktrace import procfs
+from leaktrace import redact
 
 LABELS = ("api-server", "engine-core", "worker", "dp-coordinator", "proxy", "other")
 ROLES = ("prefill", "decode", "both", "unknown")
@@ -95,9 +95,9 @@ def serve_settings(argv: list[str]) -> dict[str, Any]:
     if kv_raw:
         try:
             # Secrets inside the config (kv_connector_extra_config passwords, tokens) never leave here.
-            kv = json.loads(procfs.redact_json_text(kv_raw))
+            kv = json.loads(redact.redact_json_text(kv_raw))
         except json.JSONDecodeError:
-            kv = {"unparsed": procfs.redact_json_text(kv_raw)}
+            kv = {"unparsed": redact.redact_json_text(kv_raw)}
     return {"model": model, "host": _opt(argv, "--host"), "port": int(port) if port and port.isdigit() else 8000,
             "port_source": "cmdline --port" if port else "vLLM default (8000)",
             "kv_transfer_config": kv, "data_parallel_size": _opt(argv, "--data-parallel-size", "-dp"),

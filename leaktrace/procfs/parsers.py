@@ -1,57 +1,10 @@
-"""Race-aware /proc readers and small pure parsers.
-
-Every reader turns "the process is gone" into :class:`ProcessGone` and "not allowed" into
-:class:`AccessDenied`; parsers are pure functions over text so they can be tested on recorded files.
-"""
+"""Pure parsers of /proc files (maps, smaps, smaps_rollup, status, stat, environ, cmdline): text or bytes
+in, values out, no I/O — testable on recorded files (tests/data/proc)."""
 
 from __future__ import annotations
 
-import errno
-import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-from leaktrace.errors import AccessDenied, NoSuchProcess, ProcessGone
-
-PROC = os.environ.get("LEAKTRACE_PROC", "/proc")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-# ----------------------------------------------------------------------------- reading
-
-def read_proc_bytes(pid: int, name: str) -> bytes:
-    path = f"{PROC}/{pid}/{name}"
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError as e:
-        raise ProcessGone(pid, name) from e
-    except ProcessLookupError as e:  # ESRCH from a zombie's smaps
-        raise ProcessGone(pid, name) from e
-    except PermissionError as e:
-        raise AccessDenied(pid, f"/proc/{pid}/{name}") from e
-    except OSError as e:
-        if e.errno in (errno.ESRCH, errno.ENOENT):
-            raise ProcessGone(pid, name) from e
-        if e.errno in (errno.EACCES, errno.EPERM):
-            raise AccessDenied(pid, f"/proc/{pid}/{name}") from e
-        raise
-
-
-def read_proc_text(pid: int, name: str) -> str:
-    # Mapping names may hold any bytes; surrogateescape keeps them round-trippable.
-    return read_proc_bytes(pid, name).decode("utf-8", "surrogateescape")
-
-
-def pid_exists(pid: int) -> bool:
-    return os.path.exists(f"{PROC}/{pid}")
-
-
-def require_pid(pid: int) -> None:
-    if pid <= 0 or not pid_exists(pid):
-        raise NoSuchProcess(pid)
-
 
 # ----------------------------------------------------------------------------- maps
 
@@ -283,29 +236,6 @@ def stat_field(text: str, n: int) -> str:
 
 # ----------------------------------------------------------------------------- environ / cmdline
 
-# Keys whose values may reach disk. Anything else is written as "<redacted>".
-ENV_ALLOW_PREFIXES = (
-    "UCX_", "NIXL_", "VLLM_", "CUDA_", "NCCL_", "OMP_", "MALLOC_", "PYTHON", "LD_PRELOAD",
-    "LD_LIBRARY_PATH", "GLIBC_TUNABLES", "KMP_", "MKL_", "TORCH_", "PYTORCH_", "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE", "RAY_", "UCX", "TOKENIZERS_PARALLELISM",
-)
-ENV_ALLOW_EXACT = {"PATH", "HOME", "USER", "HOSTNAME", "LANG", "PWD", "SHELL", "TERM", "CUDA_VISIBLE_DEVICES"}
-_SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSW|PASSWD|PWD_|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH|SIGNATURE|COOKIE|SESSION)", re.I)
-REDACTED = "<redacted>"
-
-
-def key_looks_secret(key: str) -> bool:
-    return bool(_SECRET_RE.search(key))
-
-
-def redact_env_value(key: str, value: str) -> str:
-    if key_looks_secret(key):
-        return REDACTED
-    if key in ENV_ALLOW_EXACT or key.startswith(ENV_ALLOW_PREFIXES):
-        return value
-    return REDACTED
-
-
 def parse_environ(raw: bytes) -> dict[str, str]:
     """NUL-separated KEY=VALUE pairs. Retitled processes (setproctitle) show all-NUL: empty dict."""
     out: dict[str, str] = {}
@@ -317,161 +247,8 @@ def parse_environ(raw: bytes) -> dict[str, str]:
     return out
 
 
-def redact_environ(env: dict[str, str]) -> dict[str, str]:
-    return {k: redact_env_value(k, v) for k, v in env.items()}
-
-
-_FLAG_SECRET_RE = re.compile(r"^(--?[\w.-]*(token|secret|passw|api[-_]?key|access[-_]?key|auth|credential)[\w.-]*)(=.*)?$", re.I)
-_URL_CRED_RE = re.compile(r"(\w+://)([^/@\s:]+):([^/@\s]+)@")
-
-
-def redact_cmdline(argv: list[str]) -> list[str]:
-    """Hide values of secret-looking flags (``--api-key X``, ``--token=X``) and credentials in URLs."""
-    out: list[str] = []
-    hide_next = False
-    for a in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        m = _FLAG_SECRET_RE.match(a)
-        if m:
-            if m.group(3):
-                out.append(m.group(1) + "=" + REDACTED)
-            else:
-                out.append(a)
-                hide_next = True
-            continue
-        a = _URL_CRED_RE.sub(lambda mm: f"{mm.group(1)}{mm.group(2)}:{REDACTED}@", a)
-        if '"' in a:
-            a = redact_json_text(a)
-        out.append(a)
-    return out
-
-
-# "secret-looking key": "value" inside JSON arguments (--kv-transfer-config '{..."password": "x"}').
-# Text-level, so malformed or truncated JSON is redacted too, and the rest keeps its formatting.
-_JSON_SECRET_RE = re.compile(
-    r'("[^"]*(?:token|secret|passw|api[-_]?key|access[-_]?key|auth|credential|private)[^"]*"\s*:\s*)'
-    r'"(?:[^"\\]|\\.)*"', re.I)
-
-
-def redact_json_text(text: str) -> str:
-    return _JSON_SECRET_RE.sub(lambda m: f'{m.group(1)}"{REDACTED}"', text)
-
-
-def redact_url(url: str) -> str:
-    """``http://user:pass@host/x`` → ``http://user:<redacted>@host/x`` (for logs, meta and tables)."""
-    return _URL_CRED_RE.sub(lambda mm: f"{mm.group(1)}{mm.group(2)}:{REDACTED}@", url)
-
-
 def parse_cmdline(raw: bytes) -> list[str]:
     parts = raw.split(b"\0")
     if parts and parts[-1] == b"":
         parts = parts[:-1]
     return [p.decode("utf-8", "replace") for p in parts]
-
-
-# ----------------------------------------------------------------------------- per-pid wrappers
-
-def read_maps(pid: int) -> list[Mapping]:
-    return parse_maps(read_proc_text(pid, "maps"))
-
-
-def read_smaps(pid: int) -> list[Mapping]:
-    text = read_proc_text(pid, "smaps")
-    if not text:
-        # Only a process without an address space (zombie, kernel thread) has an empty smaps.
-        raise ProcessGone(pid, "smaps")
-    return parse_smaps(text)
-
-
-def read_smaps_rollup(pid: int) -> dict[str, int]:
-    text = read_proc_text(pid, "smaps_rollup")
-    if not text.strip():
-        # A zombie or a kernel thread has no mm: treat as gone for memory purposes.
-        raise ProcessGone(pid, "smaps_rollup")
-    return parse_smaps_rollup(text)
-
-
-def read_status(pid: int) -> dict[str, str]:
-    return parse_status(read_proc_text(pid, "status"))
-
-
-def read_stat(pid: int) -> dict[str, object]:
-    return parse_stat(read_proc_text(pid, "stat"))
-
-
-def read_self_status() -> dict[str, str]:
-    """/proc/self/status: this process's own (its capabilities). An unreadable /proc raises OSError."""
-    with open(f"{PROC}/self/status", encoding="utf-8", errors="surrogateescape") as f:
-        return parse_status(f.read())
-
-
-def read_owner_uid(pid: int) -> int:
-    """The owner of /proc/PID: the process's effective uid (root for a non-dumpable process)."""
-    try:
-        return os.stat(f"{PROC}/{pid}").st_uid
-    except FileNotFoundError as e:
-        raise ProcessGone(pid) from e
-    except PermissionError as e:
-        raise AccessDenied(pid, f"/proc/{pid}") from e
-
-
-def read_sysctl(name: str) -> str | None:
-    """The first line of /proc/sys/NAME (``kernel/yama/ptrace_scope``), stripped; None when unreadable."""
-    try:
-        with open(f"{PROC}/sys/{name}", encoding="utf-8", errors="surrogateescape") as f:
-            return f.readline().strip()
-    except OSError:
-        return None
-
-
-def read_environ(pid: int, redact: bool = True) -> dict[str, str]:
-    env = parse_environ(read_proc_bytes(pid, "environ"))
-    return redact_environ(env) if redact else env
-
-
-def read_cmdline(pid: int, redact: bool = True) -> list[str]:
-    argv = parse_cmdline(read_proc_bytes(pid, "cmdline"))
-    return redact_cmdline(argv) if redact else argv
-
-
-def read_comm(pid: int) -> str:
-    return read_proc_text(pid, "comm").strip()
-
-
-def iter_pids() -> Iterator[int]:
-    for name in os.listdir(PROC):
-        if name.isdigit():
-            yield int(name)
-
-
-def children_map() -> dict[int, list[int]]:
-    """ppid → [pid] for every live process (one pass over /proc, races tolerated)."""
-    out: dict[int, list[int]] = {}
-    for pid in iter_pids():
-        try:
-            st = read_stat(pid)
-        except (ProcessGone, AccessDenied, ParseError, IndexError, ValueError):
-            continue
-        out.setdefault(int(st["ppid"]), []).append(pid)  # type: ignore[arg-type]
-    return out
-
-
-def process_tree(roots: list[int]) -> dict[int, int]:
-    """Every live process in the trees rooted at ``roots``: {pid: ppid}."""
-    kids = children_map()
-    out: dict[int, int] = {}
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        if pid in out:
-            continue
-        try:
-            ppid = int(read_stat(pid)["ppid"])  # type: ignore[arg-type]
-        except (ProcessGone, AccessDenied, ParseError, IndexError, ValueError):
-            continue
-        out[pid] = ppid
-        stack.extend(kids.get(pid, []))
-    return out

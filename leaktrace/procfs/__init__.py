@@ -1,0 +1,210 @@
+"""Race-aware /proc readers (the pure parsers are in procfs/parsers.py, re-exported here).
+
+Every reader turns "the process is gone" into :class:`ProcessGone` and "not allowed" into
+:class:`AccessDenied`; parsers are pure functions over text so they can be tested on recorded files.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+
+from leaktrace.errors import AccessDenied, NoSuchProcess, ProcessGone
+from leaktrace.procfs.parsers import (
+    Mapping,
+    ParseError,
+    parse_cmdline,
+    parse_environ,
+    parse_maps,
+    parse_maps_line,
+    parse_smaps,
+    parse_smaps_compact,
+    parse_smaps_rollup,
+    parse_stat,
+    parse_status,
+    stat_field,
+    status_int,
+    status_kb,
+)
+from leaktrace.redact import redact_cmdline, redact_environ
+
+__all__ = [
+    "Mapping",
+    "PAGE_SIZE",
+    "PROC",
+    "ParseError",
+    "children_map",
+    "iter_pids",
+    "parse_cmdline",
+    "parse_environ",
+    "parse_maps",
+    "parse_maps_line",
+    "parse_smaps",
+    "parse_smaps_compact",
+    "parse_smaps_rollup",
+    "parse_stat",
+    "parse_status",
+    "pid_exists",
+    "process_tree",
+    "read_cmdline",
+    "read_comm",
+    "read_environ",
+    "read_maps",
+    "read_owner_uid",
+    "read_proc_bytes",
+    "read_proc_text",
+    "read_self_status",
+    "read_smaps",
+    "read_smaps_rollup",
+    "read_stat",
+    "read_status",
+    "read_sysctl",
+    "require_pid",
+    "stat_field",
+    "status_int",
+    "status_kb",
+]
+
+PROC = os.environ.get("LEAKTRACE_PROC", "/proc")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_proc_bytes(pid: int, name: str) -> bytes:
+    path = f"{PROC}/{pid}/{name}"
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError as e:
+        raise ProcessGone(pid, name) from e
+    except ProcessLookupError as e:  # ESRCH from a zombie's smaps
+        raise ProcessGone(pid, name) from e
+    except PermissionError as e:
+        raise AccessDenied(pid, f"/proc/{pid}/{name}") from e
+    except OSError as e:
+        if e.errno in (errno.ESRCH, errno.ENOENT):
+            raise ProcessGone(pid, name) from e
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise AccessDenied(pid, f"/proc/{pid}/{name}") from e
+        raise
+
+
+def read_proc_text(pid: int, name: str) -> str:
+    # Mapping names may hold any bytes; surrogateescape keeps them round-trippable.
+    return read_proc_bytes(pid, name).decode("utf-8", "surrogateescape")
+
+
+def pid_exists(pid: int) -> bool:
+    return os.path.exists(f"{PROC}/{pid}")
+
+
+def require_pid(pid: int) -> None:
+    if pid <= 0 or not pid_exists(pid):
+        raise NoSuchProcess(pid)
+
+
+# ----------------------------------------------------------------------------- per-pid wrappers
+
+def read_maps(pid: int) -> list[Mapping]:
+    return parse_maps(read_proc_text(pid, "maps"))
+
+
+def read_smaps(pid: int) -> list[Mapping]:
+    text = read_proc_text(pid, "smaps")
+    if not text:
+        # Only a process without an address space (zombie, kernel thread) has an empty smaps.
+        raise ProcessGone(pid, "smaps")
+    return parse_smaps(text)
+
+
+def read_smaps_rollup(pid: int) -> dict[str, int]:
+    text = read_proc_text(pid, "smaps_rollup")
+    if not text.strip():
+        # A zombie or a kernel thread has no mm: treat as gone for memory purposes.
+        raise ProcessGone(pid, "smaps_rollup")
+    return parse_smaps_rollup(text)
+
+
+def read_status(pid: int) -> dict[str, str]:
+    return parse_status(read_proc_text(pid, "status"))
+
+
+def read_stat(pid: int) -> dict[str, object]:
+    return parse_stat(read_proc_text(pid, "stat"))
+
+
+def read_self_status() -> dict[str, str]:
+    """/proc/self/status: this process's own (its capabilities). An unreadable /proc raises OSError."""
+    with open(f"{PROC}/self/status", encoding="utf-8", errors="surrogateescape") as f:
+        return parse_status(f.read())
+
+
+def read_owner_uid(pid: int) -> int:
+    """The owner of /proc/PID: the process's effective uid (root for a non-dumpable process)."""
+    try:
+        return os.stat(f"{PROC}/{pid}").st_uid
+    except FileNotFoundError as e:
+        raise ProcessGone(pid) from e
+    except PermissionError as e:
+        raise AccessDenied(pid, f"/proc/{pid}") from e
+
+
+def read_sysctl(name: str) -> str | None:
+    """The first line of /proc/sys/NAME (``kernel/yama/ptrace_scope``), stripped; None when unreadable."""
+    try:
+        with open(f"{PROC}/sys/{name}", encoding="utf-8", errors="surrogateescape") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
+
+
+def read_environ(pid: int, redact: bool = True) -> dict[str, str]:
+    env = parse_environ(read_proc_bytes(pid, "environ"))
+    return redact_environ(env) if redact else env
+
+
+def read_cmdline(pid: int, redact: bool = True) -> list[str]:
+    argv = parse_cmdline(read_proc_bytes(pid, "cmdline"))
+    return redact_cmdline(argv) if redact else argv
+
+
+def read_comm(pid: int) -> str:
+    return read_proc_text(pid, "comm").strip()
+
+
+def iter_pids() -> Iterator[int]:
+    for name in os.listdir(PROC):
+        if name.isdigit():
+            yield int(name)
+
+
+def children_map() -> dict[int, list[int]]:
+    """ppid → [pid] for every live process (one pass over /proc, races tolerated)."""
+    out: dict[int, list[int]] = {}
+    for pid in iter_pids():
+        try:
+            st = read_stat(pid)
+        except (ProcessGone, AccessDenied, ParseError, IndexError, ValueError):
+            continue
+        out.setdefault(int(st["ppid"]), []).append(pid)  # type: ignore[arg-type]
+    return out
+
+
+def process_tree(roots: list[int]) -> dict[int, int]:
+    """Every live process in the trees rooted at ``roots``: {pid: ppid}."""
+    kids = children_map()
+    out: dict[int, int] = {}
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in out:
+            continue
+        try:
+            ppid = int(read_stat(pid)["ppid"])  # type: ignore[arg-type]
+        except (ProcessGone, AccessDenied, ParseError, IndexError, ValueError):
+            continue
+        out[pid] = ppid
+        stack.extend(kids.get(pid, []))
+    return out
