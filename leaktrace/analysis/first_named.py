@@ -3,6 +3,7 @@ binary-searching the earliest tick at which each culprit would already have been
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -37,16 +38,23 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
         r = rate(t[: i + 1], y[: i + 1], warmup_s=0.0)
         return r.steady_mb_per_min >= th["ledger_mb_per_min"] and r.confidence >= th["min_confidence"]
 
-    lo, hi = 0, len(t) - 1
-    if not named(hi):
+    i = _earliest(len(t), named)
+    return None if i is None else float(t[i])
+
+
+def _earliest(n: int, holds: Callable[[int], bool]) -> int | None:
+    """The first index in range(n) where ``holds`` (monotone: once true, true after) is true; None when it
+    is not even true at the end. Binary search: the naming step is costly to re-run."""
+    lo, hi = 0, n - 1
+    if n == 0 or not holds(hi):
         return None
     while lo < hi:
         mid = (lo + hi) // 2
-        if named(mid):
+        if holds(mid):
             hi = mid
         else:
             lo = mid + 1
-    return float(t[lo])
+    return lo
 
 
 class PrefixReader:
@@ -123,14 +131,7 @@ def first_named(reader: TableSource, culprits: list[dict[str, Any]], th: dict[st
             keys = named_at(i, c["pid"], via_ledger)
             return key in keys if via_ledger else ("leaking", c["pid"]) in keys
 
-        lo, hi = 0, len(ticks) - 1
-        if not ok(hi):
-            continue
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ok(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        c["first_named_s"] = round(ticks[lo] - attach, 2)
+        i = _earliest(len(ticks), ok)
+        if i is not None:
+            c["first_named_s"] = round(ticks[i] - attach, 2)
 

@@ -1,0 +1,71 @@
+"""The layout's rules (README, Layout), checked on the source: imports follow the data flow (no module
+imports one of a later stage), no import by string outside cli.py, every module under 400 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "leaktrace"
+# Stages, lowest first; a module may import its own stage and those below.
+STAGES: list[tuple[str, ...]] = [
+    ("errors", "atomic", "slope", "resources", "redact", "memclass", "elf", "tracefs", "__init__"),
+    ("procfs", "procmem", "outdir", "targetlock", "parts"),
+    ("vllm", "session"),
+    ("probes",),
+    ("analysis",),
+    ("report",),
+    ("hunt", "live", "demo"),
+    ("cluster",),
+    ("commands", "cli", "doctor", "__main__"),
+]
+RANK = {name: i for i, names in enumerate(STAGES) for name in names}
+
+
+def _modules() -> list[tuple[str, Path]]:
+    return [(".".join(p.relative_to(PKG.parent).with_suffix("").parts), p) for p in sorted(PKG.rglob("*.py"))]
+
+
+def _rank(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    return RANK.get(top, RANK["__init__"]) if top.startswith("__") else RANK[top]  # __version__: the package
+
+
+def _imports(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("leaktrace"):
+            out.append(node.module)
+            out += [f"{node.module}.{a.name}" for a in node.names if node.module == "leaktrace"]
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.startswith("leaktrace")]
+    return [m for m in out if m != "leaktrace"]
+
+
+def test_every_module_has_a_stage():
+    assert not [m for m, _ in _modules() if (m.split(".") + ["__init__"])[1] not in RANK]
+
+
+def test_imports_follow_the_data_flow():
+    upward = [f"{m} (stage {_rank(m)}) imports {imp} (stage {_rank(imp)})"
+              for m, p in _modules() for imp in _imports(p) if _rank(imp) > _rank(m)]
+    assert upward == []
+
+
+def test_no_import_by_string_outside_cli():
+    found = []
+    for m, p in _modules():
+        if m == "leaktrace.cli":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name in ("import_module", "__import__"):
+                    found.append(f"{m}:{node.lineno}")
+    assert found == []
+
+
+def test_every_module_under_400_lines():
+    assert [f"{m}: {n}" for m, p in _modules() if (n := len(p.read_text().splitlines())) >= 400] == []
