@@ -20,6 +20,7 @@ Every value carries where it came from (``sources``).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -129,7 +130,18 @@ class UcxConfig:
 
 
 def _version_near(path: str) -> str | None:
-    """UCX version of a mapped libucp: the wheel's dist-info beside it, else the version string inside."""
+    """UCX version of a mapped libucp: the wheel's dist-info beside it, else the version string inside.
+    Cached per file and modification time: the ucx probe asks again for every process every few ticks,
+    and without a dist-info (nixl's wheels) the answer means reading the whole library."""
+    try:
+        mtime_ns = os.stat(path).st_mtime_ns
+    except OSError:
+        mtime_ns = 0
+    return _version_near_cached(path, mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _version_near_cached(path: str, _mtime_ns: int) -> str | None:
     p = Path(path)
     for parent in list(p.parents)[:4]:
         for di in parent.glob("libucx*-*.dist-info"):
