@@ -87,6 +87,7 @@ class BpfProbe(SnapshotRows):
         self.header_kind = ""
         self.ctx: HuntContext | None = None
         self._queue: list[Event] = []
+        self._maps_due: set[int] = set()  # processes that loaded a library in the batch being applied
         self._known: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -226,9 +227,18 @@ class BpfProbe(SnapshotRows):
         for e in batch:
             self._apply(e, kmap, taken)
             rows.append(self._event_row(e))
+        self._refresh_due_maps()
         if self.ctx is not None:
             self.ctx.session.append("bpf_events", rows)
         return len(batch) >= MAX_BATCH
+
+    def _refresh_due_maps(self) -> None:
+        """Libraries loaded during a batch: one /proc/PID/maps read per process per batch, not one per
+        library (importing torch maps hundreds). Nothing in a batch needs them before its end: names are
+        looked up at snapshot time."""
+        for pid in self._maps_due:
+            self._refresh_maps(pid, force=True)
+        self._maps_due.clear()
 
     def _apply(self, e: Event, kmap: dict, taken: set) -> None:
         pid = e.tgid
@@ -236,7 +246,7 @@ class BpfProbe(SnapshotRows):
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e, "anon" if e.fd == (1 << 64) - 1 else "file"))
             if e.fd != (1 << 64) - 1 and e.prot & 4:
-                self._refresh_maps(pid, force=True)
+                self._maps_due.add(pid)
         elif e.type == EV_MUNMAP:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.ledger.munmap(pid, e.addr, e.len)
@@ -268,7 +278,7 @@ class BpfProbe(SnapshotRows):
             self.ledger.exit(pid, e.seq)
             self._known.discard(pid)
         elif e.type == EV_LIBMAP:
-            self._refresh_maps(pid, force=True)
+            self._maps_due.add(pid)
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)
