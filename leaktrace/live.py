@@ -5,12 +5,9 @@ On a terminal it is a rich ``Live`` panel on stderr; elsewhere (a pipe, a log fi
 one plain status line every ``PLAIN_EVERY_S`` seconds through the hunt's logger, so a long hunt in a
 log still shows progress without flooding it.
 
-Inputs are the small figures probes publish in ``HuntContext.live`` (nothing here reads /proc):
-  ``live["rollup"]``  {pid: {"rss", "anon", "uss", ...}} from the watcher, every tick
-                      (``live["watcher"]`` {pid: rss} is used when only that exists);
-  ``live["bpf"]``     {"outstanding_by_library": {lib: bytes}, "outstanding_bytes", "events",
-                      "lost_events"} from the eBPF probe (any key may be missing);
-  ``live["gdb"]``     {"runs", "samples", "paused_s"} from the gdb sampler.
+Inputs are the small figures probes publish in ``HuntContext.live`` (probes.LiveFigures; nothing here
+reads /proc): the watcher's smaps_rollup per process every tick, the eBPF ledger's outstanding bytes by
+library, the gdb sampler's runs.
 :class:`~leaktrace.probes.recent.RecentRates` is shared with the Prometheus exporter so both show the
 same figures.
 """

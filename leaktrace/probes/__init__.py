@@ -60,14 +60,27 @@ class HuntOptions:
 
 
 @dataclass
+class LiveFigures:
+    """The small figures probes publish while the hunt runs, for the live view, the Prometheus exporter and
+    each other (the gdb probe samples a process once the watcher saw it grow). Each probe replaces its own
+    field whole (one assignment), so readers in other threads see a complete value."""
+
+    rollup: dict[int, dict[str, Any]] = field(default_factory=dict)  # watcher: smaps_rollup row per pid
+    # bpf: outstanding_bytes, events, lost_events, outstanding_by_library {library: bytes}
+    bpf: dict[str, Any] = field(default_factory=dict)
+    gdb: dict[str, Any] = field(default_factory=dict)  # gdb: runs, samples, paused_s
+    vllm_instances: list[dict[str, Any]] = field(default_factory=list)  # vllm: one per server (port, role…)
+    metrics_requests: dict[str, Any] = field(default_factory=dict)  # metrics: requests per /metrics URL
+
+
+@dataclass
 class HuntContext:
     session: SessionWriter
     targets: TargetSet
     options: HuntOptions
     log: Any  # callable(str) -> None, progress/log lines for the user
     warnings: list[str] = field(default_factory=list)
-    # Probes publish small live figures here (for the live view / exporter), keyed by probe name.
-    live: dict[str, Any] = field(default_factory=dict)
+    live: LiveFigures = field(default_factory=LiveFigures)
 
     def warn(self, msg: str) -> None:
         # Bounded: a probe that warns every tick of a day-long hunt must not grow leaktrace itself.

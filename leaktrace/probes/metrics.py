@@ -51,7 +51,7 @@ class MetricsProbe:
         self.ctx = ctx
         if self.options.vllm:
             # Published by the vllm probe, which starts before us.
-            for inst in ctx.live.get("vllm", {}).get("instances", []):
+            for inst in ctx.live.vllm_instances:
                 port = inst.get("port")
                 if port:
                     host = inst.get("host") or "127.0.0.1"
@@ -105,7 +105,7 @@ class MetricsProbe:
                 {"t": t, "url": shown, "instance": inst, "name": n,
                  "labels": json.dumps(lb, sort_keys=True), "value": v}
                 for n, lb, v in samples if _keep(n)])
-            self.ctx.live["metrics"] = {redact_url(u): s.get("requests") for u, s in self.last.items()}
+            self.ctx.live.metrics_requests = {redact_url(u): s.get("requests") for u, s in self.last.items()}
 
     def tick(self, now: float) -> None:
         pass  # the scrape thread keeps its own cadence

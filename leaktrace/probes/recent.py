@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from leaktrace.probes import LiveFigures
 from leaktrace.slope import theil_sen
 
 # Rates are robust slopes (Theil–Sen) over the last WINDOW_S seconds of samples: recent enough to
@@ -37,10 +38,8 @@ class RecentRates:
         self.gdb: dict[str, Any] = {}
         self.lock = threading.Lock()
 
-    def update(self, live: dict[str, Any], now: float) -> None:
-        rollup = live.get("rollup")
-        if not isinstance(rollup, dict):
-            rollup = {pid: {"rss": rss} for pid, rss in (live.get("watcher") or {}).items()}
+    def update(self, live: LiveFigures, now: float) -> None:
+        rollup = live.rollup
         with self.lock:
             latest = {}
             for pid, r in rollup.items():
@@ -53,13 +52,11 @@ class RecentRates:
             for pid in [p for p in self._proc if p not in latest]:
                 del self._proc[pid]
             self.latest = latest
-            bpf = live.get("bpf")
-            self.bpf = dict(bpf) if isinstance(bpf, dict) else {}
+            self.bpf = dict(live.bpf)
             libs = self.bpf.get("outstanding_by_library")
             if isinstance(libs, dict):
                 self._libs.append((now, {str(k): as_int(v) for k, v in libs.items()}))
-            gdb = live.get("gdb")
-            self.gdb = dict(gdb) if isinstance(gdb, dict) else {}
+            self.gdb = dict(live.gdb)
 
     def _window(self, hist: deque) -> list:
         if not hist:

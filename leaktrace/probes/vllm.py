@@ -2,7 +2,7 @@
 
 At start: the ``vllm_processes`` table (one row per discovered process: label, title, instance, role,
 port, libraries, settings with their sources) and ``instances`` in meta.json; it also publishes the
-instances in ``ctx.live["vllm"]`` so the metrics probe knows which /metrics to scrape, and labels the
+instances in ``ctx.live.vllm_instances`` so the metrics probe knows which /metrics to scrape, and labels the
 target set. Every ``rediscover_every`` ticks it looks again, so processes born later (a restarted
 worker) are labelled too; a role learnt later (decode receives its first KV) updates the meta.
 """
@@ -60,7 +60,7 @@ class VllmProbe:
         if first or _roles(insts) != _roles(self.instances) or len(insts) != len(self.instances):
             self.instances = insts
             ctx.session.update_meta(instances=insts)
-            ctx.live["vllm"] = {"instances": insts}
+            ctx.live.vllm_instances = insts
             for i in insts:
                 ctx.log(f"vllm: instance {i['instance']} role={i['role']} port={i.get('port')} "
                         f"processes={len(i['pids'])}")

@@ -321,8 +321,7 @@ class WatcherProbe:
             if full:
                 self._full_smaps(pid, now)
         self.ctx.session.append("rollup", rows)
-        self.ctx.live["watcher"] = {r["pid"]: r["rss"] for r in rows}
-        self.ctx.live["rollup"] = {r["pid"]: r for r in rows}  # all rollup figures, for live view/exporter
+        self.ctx.live.rollup = {r["pid"]: r for r in rows}
 
     def _full_smaps(self, pid: int, now: float, snapshot: str | None = None) -> list[Region] | None:
         assert self.ctx is not None

@@ -110,12 +110,12 @@ class SnapshotRows(KernelSide):
         by_library: dict[str, int] = defaultdict(int)
         for r in rows:
             by_library[r["library"]] += r["outstanding_bytes"]
-        self.ctx.live["bpf"] = {"outstanding_bytes": total, "events": self._counters["syscalls"],
+        self.ctx.live.bpf = {"outstanding_bytes": total, "events": self._counters["syscalls"],
                                 "lost_events": self._counters["lost_events"],
                                 "outstanding_by_library": dict(by_library)}
 
     def ledger_totals(self) -> int:
-        live = self.ctx.live.get("bpf", {}) if self.ctx else {}
+        live = self.ctx.live.bpf if self.ctx else {}
         return int(live.get("outstanding_bytes", 0))
 
     def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:

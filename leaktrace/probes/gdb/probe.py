@@ -68,10 +68,9 @@ class GdbProbe:
     def _enqueue_due(self) -> None:
         live = self.ctx.targets.live()
         if self.on_growth_only:
-            rollup = self.ctx.live.get("rollup") or {}
-            rss = dict(self.ctx.live.get("watcher") or {})
+            rollup = self.ctx.live.rollup
             for pid in live:
-                figures = rollup.get(pid) or {"rss": rss.get(pid)}
+                figures = rollup.get(pid) or {}
                 for key in ("rss", "anon"):
                     value = figures.get(key)
                     if value is None:
@@ -131,7 +130,7 @@ class GdbProbe:
         with self._lock:
             self._runs.append(run)
         session.append("gdb_runs", run_row(run, index, t_of))
-        self.ctx.live["gdb"] = {"runs": len(self._runs), "samples": sum(r.samples for r in self._runs),
+        self.ctx.live.gdb = {"runs": len(self._runs), "samples": sum(r.samples for r in self._runs),
                                 "paused_s": sum(r.paused_s + r.attach_s for r in self._runs)}
         self.ctx.log(f"gdb: pid {pid} done: {run.samples} stacks, {run.stops} stops, "
                      f"paused {run.paused_s * 1000:.1f} ms + attach {run.attach_s * 1000:.0f} ms ({run.reason})")
