@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from conftest import LEAKTRACE, REPO, wait_for
 from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
+from ops_helpers import wait_rollup
 
 from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, join_samples_to_regions
 from leaktrace.probes.gdb.checks import tracer_of
@@ -88,6 +89,9 @@ def test_sampled_addresses_are_ledger_regions(spawn, tmp_path):
             return sum(p.read_text().count('"type":"sample"') for p in out.glob("gdb/*/samples-*"))
 
         assert wait_for(lambda: sampled() >= 10 and tracer_of(target.pid) == 0, timeout=120), sampled()
+        # A leak verdict (the culprit asserted below) needs min_span_s of watcher samples after the warm-up
+        # cut: wait for 14 s of rows on disk, not for a wall-clock sleep.
+        assert wait_rollup(out, rows=10, span_s=14.0, timeout=120)
         hunt.send_signal(signal.SIGTERM)
         _, stderr = hunt.communicate(timeout=120)
     finally:
