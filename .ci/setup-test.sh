@@ -6,17 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-export DEBIAN_FRONTEND=noninteractive
 bash .ci/setup.sh
-
-APT_PKGS="binutils iproute2 util-linux"
-missing=""
-for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-  echo "[setup] apt-get install$missing"
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
+. .ci/apt.sh
+apt_ensure binutils iproute2 util-linux
 stamp=.venv/.leaktrace-dev-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] pip install -e .[dev]"

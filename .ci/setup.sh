@@ -5,16 +5,8 @@
 # Idempotent and cached: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export DEBIAN_FRONTEND=noninteractive
-
-APT_PKGS="gcc libc6-dev make gdb bpfcc-tools python3-bpfcc"
-missing=""
-for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-  echo "[setup] apt-get install$missing"
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends $missing >/dev/null
-fi
+. .ci/apt.sh
+apt_ensure gcc libc6-dev make gdb bpfcc-tools python3-bpfcc
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

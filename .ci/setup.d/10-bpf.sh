@@ -3,11 +3,6 @@
 # benchmark's anchor (bench/bench_bpf.py). No kernel headers needed: leaktrace falls back to the stub
 # tree in bpf/kheaders when /lib/modules/$(uname -r)/build is absent. Idempotent.
 set -euo pipefail
-export DEBIAN_FRONTEND=noninteractive
-missing=""
-for p in bpftrace; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-  echo "[setup.d/10-bpf] apt-get install$missing"
-  apt-get update -qq
-  apt-get install -y -qq $missing >/dev/null || echo "[setup.d/10-bpf] bpftrace unavailable: the benchmark skips its anchor"
-fi
+REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
+. "$REPO/.ci/apt.sh"
+apt_ensure bpftrace || echo "[setup.d/10-bpf] bpftrace unavailable: the benchmark skips its anchor"
