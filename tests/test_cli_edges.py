@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import LEAKTRACE, REPO, is_root, wait_for
 
+from leaktrace.probes.gdb.checks import proc_state, tracer_of
 from leaktrace.session import SessionReader
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -39,17 +40,6 @@ def start_cli(*args: str, cwd: Path) -> subprocess.Popen:
 
 def read_meta(out: Path) -> dict:
     return json.loads((out / "meta.json").read_text())
-
-
-def proc_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
-def tracer_of(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("TracerPid:"):
-            return int(line.split()[1])
-    return -1
 
 
 # ----------------------------------------------------------------------------- where the session goes

@@ -195,17 +195,15 @@ def stop_node_hunts(run_id: str) -> list[int]:
     """Ctrl-C of the driver, on one node: SIGINT every `leaktrace hunt` of cluster run ``run_id`` (its
     --out names the run), as a Ctrl-C would. Each stops cleanly and its task answers with the session."""
     stopped = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in procfs.iter_pids():
         try:
-            argv = procfs.read_cmdline(int(entry.name))
+            argv = procfs.read_cmdline(pid)
         except LeaktraceError:
             continue
         if "leaktrace" in argv[:3] and "hunt" in argv and any(run_id in a for a in argv):
             try:
-                os.kill(int(entry.name), signal.SIGINT)
-                stopped.append(int(entry.name))
+                os.kill(pid, signal.SIGINT)
+                stopped.append(pid)
             except OSError:
                 pass
     return stopped

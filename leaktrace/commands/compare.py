@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from leaktrace.errors import UsageError
+from leaktrace.commands import parse_formats
 from leaktrace.outdir import absolute
 
 
@@ -32,10 +32,7 @@ def compare(before: str, after: str, out: str | None, formats: str) -> None:
     from leaktrace.analysis.compare import compare_dirs
     from leaktrace.report import compare as compare_report
 
-    fmts = [f.strip() for f in formats.split(",") if f.strip()]
-    bad = [f for f in fmts if f not in compare_report.FORMATS]
-    if bad:
-        raise UsageError(f"unknown format(s): {', '.join(bad)} (choose from json, md, html)")
+    fmts = parse_formats(formats, compare_report.FORMATS)
     cmp = compare_dirs(absolute(before), absolute(after))
     out_dir = absolute(out) if out else absolute(after)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from leaktrace.errors import UsageError
+from leaktrace.commands import parse_formats
 from leaktrace.outdir import absolute
 
 
@@ -17,12 +17,9 @@ def report(session_dir: str, formats: str, to_stdout: bool) -> None:
     """Re-render SESSION_DIR's reports from its tables (works on a hunt that was killed)."""
     import json
 
-    from leaktrace.report import render_session
+    from leaktrace.report import FORMATS, render_session
 
-    fmts = [f.strip() for f in formats.split(",") if f.strip()]
-    bad = [f for f in fmts if f not in ("json", "md", "html", "folded")]
-    if bad:
-        raise UsageError(f"unknown format(s): {', '.join(bad)} (choose from json, md, html, folded)")
+    fmts = parse_formats(formats, FORMATS)
     rep = render_session(absolute(session_dir), formats=fmts)
     if to_stdout:
         click.echo(json.dumps(rep, indent=2, default=str))
