@@ -31,6 +31,16 @@ def leaker_bin() -> Path:
     return build("leaker", ["leaker.c"])
 
 
+@pytest.fixture(scope="session")
+def shapes_bin() -> Path:
+    """The leak-shape fixture (tests/fixtures/shapes.c) and its stripped, frame-pointer-less vendor library
+    libshape.so (shapes_lib.c), which makes every shape."""
+    lib = build("libshape.so", ["shapes_lib.c"], cflags=["-fomit-frame-pointer"], ldflags=["-lpthread"],
+                shared=True, strip=True)
+    return build("shapes", ["shapes.c"], ldflags=[f"-L{lib.parent}", "-lshape", f"-Wl,-rpath,{lib.parent}",
+                                                  "-lpthread"])
+
+
 class Proc:
     """A started fixture process in its own process group, killed at teardown."""
 
