@@ -88,6 +88,20 @@ def test_mremap_fixed_target_overlays(led: OutstandingLedger) -> None:
     assert spans(led) == [(300, 305, 0x2000), (305, 315, 0x1000), (315, 320, 0x2000)]
 
 
+def test_mremap_growth_of_a_preexisting_region_is_the_callers() -> None:
+    """A buffer mapped before attach and grown after it: the old bytes stay pre-existing (never blamed),
+    the bytes it grew by belong to the mremap's call site — also after it moved, and on the next growth."""
+    led = OutstandingLedger()
+    led.seed(1, [(100 * P, 110 * P, "")])
+    M = Origin("anon", t_born=5, site=0x5000)
+    led.mremap(1, 100 * P, 10 * P, 500 * P, 16 * P, origin=M)
+    assert spans(led) == [(500, 510, 0), (510, 516, 0x5000)]
+    M2 = Origin("anon", t_born=6, site=0x6000)
+    led.mremap(1, 500 * P, 16 * P, 900 * P, 20 * P, origin=M2)
+    assert spans(led) == [(900, 910, 0), (910, 920, 0x5000)]
+    assert led.totals(1).outstanding_bytes == 10 * P
+
+
 def test_brk_grow_and_shrink() -> None:
     led = OutstandingLedger()
     led.seed(1, [(1000 * P, 1004 * P, "[heap]")])

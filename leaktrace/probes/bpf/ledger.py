@@ -73,7 +73,8 @@ class OutstandingLedger:
     def mremap(self, pid: int, old: int, old_len: int, new: int, new_len: int, dontunmap: bool = False,
                origin: Origin | None = None) -> None:
         """Move/resize [old, old+old_len) to [new, new+new_len). Pieces keep their origin; growth is
-        attributed to the origin of the region's last piece (the mapping that grew), else ``origin``."""
+        attributed to the origin of the region's last piece (the mapping that grew), else ``origin`` —
+        also when that piece existed before attach (its growth since is not pre-existing)."""
         sp = self.space(pid)
         old_len, new_len = page_up(old_len), page_up(new_len)
         if dontunmap:
@@ -87,9 +88,11 @@ class OutstandingLedger:
             if b > a:
                 sp._put(a, b, k, t)
         if new_len > old_len:
-            if pieces:
+            last = self.origins.origins[pieces[-1][2]] if pieces else None
+            if last is not None and not (last.preexisting and origin is not None):
                 sp._put(new + old_len, new + new_len, pieces[-1][2], pieces[-1][3])
             elif origin is not None:
+                # A region mapped before attach grew after it: the growth is new memory, the caller's.
                 sp.insert(new + old_len, new + new_len, origin)
 
     def brk(self, pid: int, new_brk: int, origin: Origin) -> None:
