@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from leaktrace.analysis.attribution import join_by_address, sites_for
 from leaktrace.analysis.candidates import (
     LIBC_LIBRARY,
     THRESHOLDS,
@@ -77,6 +78,11 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     return out
 
 
+# A share that makes one source the explanation of a growth (ledger rate vs /proc rate; one library's
+# share of the ledger bytes in a growing class).
+COVERED_SHARE = 0.5
+
+
 @dataclass
 class Findings:
     culprits: list[dict[str, Any]]
@@ -108,16 +114,59 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     pyheap = pyheap_growth(reader)
     python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th)
     watcher = watcher_candidates(reader, procs, info, shm, th)
+    _attribute_by_address(reader, watcher, warnings)
     # A process whose growth is explained by attributed candidates keeps no duplicate /proc-only one of
-    # the same kind (anonymous growth named by the ledger is the same memory).
-    covered = {(c.pid, c.kind) for c in ledger} | {(c.pid, k) for c in python
-                                                     for k in ("native-mmap", "malloc-heap", "other")}
-    watcher = [c for c in watcher if (c.pid, c.kind) not in covered]
+    # the same kind (anonymous growth named by the ledger is the same memory) — unless the ledger's rate
+    # explains less than half of what /proc sees grow: then the larger growth is not the ledger's.
+    ledger_rate: dict[tuple[int, str], float] = {}
+    for c in ledger:
+        ledger_rate[(c.pid, c.kind)] = ledger_rate.get((c.pid, c.kind), 0.0) + c.mb_per_min
+    python_covered = {(c.pid, k) for c in python for k in ("native-mmap", "malloc-heap", "other")}
+    watcher = [c for c in watcher if (c.pid, c.kind) not in python_covered
+               and ledger_rate.get((c.pid, c.kind), 0.0) < COVERED_SHARE * c.mb_per_min]
     cands = ledger + python + watcher
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
     doubtful = {int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} - leaking
     return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap)
+
+
+def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings: list[str]) -> None:
+    """Watcher candidates (a class that grows, no library) take the library, call site and outstanding
+    bytes of the ledger regions that lie in that class's mappings (analysis/attribution.py), when one
+    library holds most of them. libc as the mapper of the malloc heap names nobody: left to the ledger's
+    own heap attribution."""
+    if not cands or "ledger_regions" not in reader.tables() or "regions" not in reader.tables():
+        return
+    try:
+        joined = join_by_address(reader.table("regions"), reader.table("ledger_regions"))
+    except Exception as e:  # noqa: BLE001 - a failed join must not lose the report
+        warnings.append(f"address join failed: {e.__class__.__name__}: {e}")
+        return
+    if joined.empty:
+        return
+    stacks = reader.table("bpf_stacks")
+    frames = ({r.stack_key: [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
+              if not stacks.empty else {})
+    for c in cands:
+        sites = sites_for(joined, c.pid, c.cls)
+        by_lib: dict[str, int] = {}
+        for s in sites:
+            by_lib[s.library] = by_lib.get(s.library, 0) + s.bytes
+        total = sum(by_lib.values())
+        if not total:
+            continue
+        lib = max(by_lib, key=lambda k: by_lib[k])
+        if by_lib[lib] < COVERED_SHARE * total or LIBC_LIBRARY.match(lib) or lib.startswith(("?", "(")):
+            continue
+        top = next(s for s in sites if s.library == lib)
+        c.library, c.outstanding_bytes, c.source = lib, by_lib[lib], "watcher+ledger"
+        c.stack = frames.get(top.stack_key, [])
+        site = c.stack[1] if len(c.stack) > 1 else top.stack_key
+        where = f" ({summarize_paths(list(top.paths))})" if top.paths and c.cls != "anon" else ""
+        c.evidence.append(f"eBPF ledger, joined by address: {by_lib[lib]:,} B of the process's '{c.cls}' mappings"
+                          f"{where} were mapped since attach by {lib} ({by_lib[lib] / total:.0%} of those the "
+                          f"ledger holds there), {top.regions} region(s) from call site {site}")
 
 
 def _gdb_stacks_through(reader: TableSource, pid: int, site: str) -> list[list[str]]:
