@@ -33,3 +33,44 @@ def true_mb_per_min(a: Truth, b: Truth) -> float:
 
 def shape_argv(shapes_bin: Path, shape: str, kib_per_s: float, truth: Path, *extra: str) -> list[str]:
     return [str(shapes_bin), shape, str(kib_per_s), "--truth", str(truth), *extra]
+
+
+class TruthLog:
+    """The fixture's truth sampled every 50 ms in a thread, so the bytes it held at any moment of the hunt
+    (attach, last snapshot) are known; use as a context manager around the hunt."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        self.path, self.samples = path, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                t, held, _ = self.path.read_text().split()
+                if not self.samples or float(t) > self.samples[-1][0]:
+                    self.samples.append((float(t), int(held)))
+            except (FileNotFoundError, ValueError):
+                pass
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> TruthLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def held_at(self, t_monotonic: float) -> float:
+        import numpy as np
+
+        ts, held = zip(*self.samples, strict=True)
+        if not ts[0] - 0.2 <= t_monotonic <= ts[-1] + 0.2:
+            raise ValueError(f"{t_monotonic:.1f} is outside the truth log [{ts[0]:.1f}, {ts[-1]:.1f}]")
+        return float(np.interp(t_monotonic, ts, held))
+
+    def mb_per_min(self, t0: float, t1: float) -> float:
+        return (self.held_at(t1) - self.held_at(t0)) / (t1 - t0) * 60.0 / MB
