@@ -32,6 +32,8 @@ from leaktrace.probes.bpf.layout import (
     EV_MMAP,
     EV_MREMAP,
     EV_MUNMAP,
+    EXIT_NO_CODE,
+    EXIT_OOM,
     MREMAP_DONTUNMAP,
     Event,
 )
@@ -273,12 +275,23 @@ class BpfProbe(SnapshotRows):
             self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
             self._seed(pid)
         elif e.type == EV_EXIT:
-            self._record_exit(pid, e.seq, kmap)
+            code = None if e.flags & EXIT_NO_CODE else int(e.result)
+            self._record_exit(pid, e.seq, kmap, code, bool(e.flags & EXIT_OOM) or self._oom_marked(pid, code))
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
             self._known.discard(pid)
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
+
+    def _oom_marked(self, pid: int, code: int | None) -> bool:
+        """A SIGKILLed process the OOM killer marked just after its exit event was sent (the kernel sends the
+        SIGKILL before oom:mark_victim fires): looked up once more now. Host pids only (the map's keys)."""
+        if code != 9 or self.pidns_ino or self.prog is None:
+            return False
+        try:
+            return ct.c_uint32(pid) in self.prog[b"oom_victims"]
+        except Exception:  # noqa: BLE001 - a missing map (older program) means "not known"
+            return False
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)
