@@ -128,11 +128,30 @@ class BpfProbe(SnapshotRows):
         for pid in ctx.targets.live():
             self._add_target(pid)
         self.attach_s = time.monotonic() - t0
+        self._missed_at_attach(ctx)
         where = f", pids of PID namespace {self.pidns_ino}" if self.pidns_ino else ""
         ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
                 f"attached in {self.attach_s:.2f}s")
         self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
         self._thread.start()
+
+    def _missed_at_attach(self, ctx: HuntContext) -> None:
+        """Targets that ended while the program compiled (seconds under load): nothing of theirs was traced.
+        Said plainly (``bpf_missed`` rows: t = when the probe went live, pid, exit_code when still a zombie)."""
+        rows = []
+        for pid in ctx.targets.live():
+            try:
+                text = procfs.read_proc_text(pid, "stat")
+                if procfs.stat_field(text, 3) != "Z":
+                    continue
+                code = int(procfs.stat_field(text, 52))
+            except (ProcessGone, AccessDenied, OSError, ValueError):
+                code = -1
+            rows.append({"t": ctx.session.now(), "pid": pid, "exit_code": code})
+            ctx.warn(f"pid {pid} exited before the eBPF probe was live (compiling and attaching took "
+                     f"{self.attach_s:.1f}s): none of its mappings were traced; the watcher's rows are all there is")
+        if rows:
+            ctx.session.append("bpf_missed", rows)
 
     def add_pid(self, pid: int) -> None:
         with self.lock:

@@ -17,6 +17,8 @@ Session tables written (``t`` = seconds since hunt start, as every table):
                      (what it held at its exit; its last ``ledger_snapshots`` rows are at the same t),
                      exit_code (the kernel's wait status, -1 when it could not be read), oom (the OOM
                      killer chose it)
+``bpf_missed``       one row per target already gone when the probe went live (it died while the program
+                     compiled): t (when the probe went live), pid, exit_code (-1 unless still a zombie)
 ``bpf_counters``     per tick: t, syscalls, fast_maps, settled, slow_events, lost_events, map_full,
                      stacks, failed, ring_pending, kernel_regions, header_kind
 """
