@@ -164,7 +164,7 @@ def ledger_candidates(reader: TableSource, info: dict[int, dict[str, Any]], warn
     if not any(t.startswith("ledger") for t in reader.tables()):
         return [], False
     try:
-        found = native_culprits(reader) or []
+        found = native_culprits(reader, th["min_span_s"]) or []
     except Exception as e:  # noqa: BLE001 - the ledger analysis failing must not lose the report
         warnings.append(f"ledger analysis failed: {e.__class__.__name__}: {e}")
         return [], False
