@@ -53,6 +53,9 @@ def process_exits(reader: TableSource) -> dict[int, dict[str, Any]]:
             code = _code(r.exit_code)
             if int(r.pid) not in out and code is not None:
                 out[int(r.pid)] = {**describe_exit(code, source="proc"), "t": round(float(r.t), 3)}
+                if out[int(r.pid)]["signal"] == "SIGKILL":
+                    out[int(r.pid)]["note"] = ("/proc cannot tell the OOM killer's SIGKILL from anyone else's: "
+                                               "the eBPF probe can")
     missed = reader.table("bpf_missed")
     missed_at = {int(r.pid): (float(r.t), _code(r.exit_code)) for r in missed.itertuples()} if not missed.empty else {}
     for pid, t in exited.items():

@@ -147,6 +147,10 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         except Exception as e:  # noqa: BLE001 - timing is a nicety; the findings stand without it
             warnings.append(f"first_named_s not computed: {e.__class__.__name__}: {e}")
 
+    short = sorted({c["pid"] for c in culprits if any(str(e).startswith("short-lived") for e in c["evidence"])})
+    if short:
+        why += (f"; pid(s) {short} exited after less than {THRESHOLDS['min_span_s']:.0f} s of observation: "
+                "judged on what exists, with lower confidence")
     exits = _exits(reader, warnings)
     missed = sorted(p for p, ex in exits.items() if ex.get("before_ebpf"))
     if missed and verdict != "leak":
