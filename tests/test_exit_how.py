@@ -145,3 +145,25 @@ def test_target_gone_before_the_probe_was_live_is_said_plainly(spawn, shapes_bin
     assert "before the eBPF probe was live" in rep["verdict_reason"]
     assert rep["verdict"] != "leak" and rep["ledger"]["events"] == 0
     assert any("before the eBPF probe was live" in w for w in rep["warnings"])
+
+
+def test_watcher_only_reads_a_zombies_status_and_judges_a_short_life(spawn, shapes_bin, tmp_path):
+    """--no-bpf: how it ended comes from /proc while the target is still an unreaped zombie (this test is
+    its parent), and a target that lived ~6 s after attach still gets a verdict from the watcher's samples."""
+    truth = tmp_path / "truth"
+    target = spawn(shape_argv(shapes_bin, "mremap", 8192, truth, "--start-on-usr1", "1", "--exit-after", "6"))
+    hunt = BackgroundHunt(target.pid, tmp_path / "s", "--duration", "60", "--no-bpf")
+    try:
+        _go(target, hunt)
+        rep = hunt.finish()
+    finally:
+        hunt.kill()
+    (proc,) = [p for p in rep["processes"] if p["pid"] == target.pid]
+    assert proc["exit"]["how"] == "exited" and proc["exit"]["status"] == 0 and proc["exit"]["source"] == "proc"
+    assert rep["ledger"]["available"] is False
+    assert rep["verdict"] == "leak", rep["verdict_reason"]
+    top = rep["culprits"][0]
+    assert top["pid"] == target.pid and top["source"] == "watcher" and top["kind"] == "native-mmap", top
+    assert any(e.startswith("short-lived") for e in top["evidence"]), top["evidence"]
+    assert "lower confidence" in rep["verdict_reason"]
+    assert "exited with status 0" in (tmp_path / "s" / "report.md").read_text()
