@@ -8,12 +8,17 @@ import signal
 import struct
 import subprocess
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import wait_for
 
+from leaktrace.analysis.exits import process_exits
+from leaktrace.analysis.ledger import native_culprits
 from leaktrace.probes.bpf.btf import VMLINUX_BTF, kernel_member_offset, member_offset
 from leaktrace.procfs.exits import describe_exit, exit_phrase, zombie_exit_code
+from leaktrace.session import SessionReader, SessionWriter
 
 
 @pytest.mark.parametrize(("code", "oom", "how", "status", "sig", "phrase"), [
@@ -73,3 +78,33 @@ def test_zombie_status_from_proc():
         assert describe_exit(zombie_exit_code(q.pid))["signal"] == "SIGKILL"
     finally:
         q.wait()
+
+
+def _short_session(tmp_path: Path) -> SessionReader:
+    """A target traced 1.5 s (two ledger snapshots: attach and exit) that mapped 64 KiB regions steadily,
+    then was OOM-killed."""
+    w = SessionWriter(tmp_path / "s")
+    chunk, born = 64 * 1024, np.linspace(1.0, 2.5, 160, endpoint=False)
+    w.append("bpf_counters", [{"t": t, "syscalls": 200, "lost_events": 0} for t in (1.0, 2.5)])
+    w.append("ledger_snapshots", [{"t": 1.0, "pid": 42, "library": "libfoo.so", "kind": "anon",
+                                   "outstanding_bytes": chunk, "regions": 1},
+                                  {"t": 2.5, "pid": 42, "library": "libfoo.so", "kind": "anon",
+                                   "outstanding_bytes": chunk * len(born), "regions": len(born)}])
+    w.append("ledger_regions", [{"pid": 42, "start": i * chunk, "end": (i + 1) * chunk, "size": chunk,
+                                 "library": "libfoo.so", "kind": "anon", "stack_key": "42:0x1", "preexisting": False,
+                                 "t_born": float(t), "path": "", "at_exit": True} for i, t in enumerate(born)])
+    w.append("ledger_exits", {"t": 2.5, "pid": 42, "outstanding_bytes": chunk * len(born), "regions": len(born),
+                              "exit_code": 9, "oom": True})
+    w.close()
+    return SessionReader(tmp_path / "s")
+
+
+def test_short_lived_ledger_rate_and_exit(tmp_path: Path):
+    reader = _short_session(tmp_path)
+    (c,) = native_culprits(reader, min_span_s=8.0)
+    expected = 64 * 1024 * 159 / 1.5 * 60 / 2**20  # MB/min between the two snapshots
+    assert c["short_lived"] and c["mb_per_min"] == pytest.approx(expected, rel=1e-6)
+    assert c["confidence"] > 0.9  # steady births
+    assert any(e.startswith("short-lived") for e in c["evidence"])
+    ex = process_exits(reader)[42]
+    assert (ex["how"], ex["signal"], ex["source"], ex["t"]) == ("oom-killed", "SIGKILL", "ebpf", 2.5)
