@@ -33,7 +33,11 @@ def ledger_summary(reader: TableSource) -> dict[str, Any]:
     regions = reader.table("ledger_regions")
     out: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0}
     last = _last_tick(snaps)
-    if not last.empty:
+    if not counters.empty and not last.empty and float(counters["t"].max()) > float(last["t"].iloc[0]) + 1e-6:
+        # The probe writes a snapshot with every counters row: no rows at the last one means nothing was
+        # outstanding then (all unmapped, or every target exited: what each held at its exit is in ``exits``).
+        last = last.iloc[0:0]
+    if not snaps.empty:
         out["outstanding_bytes"] = int(last["outstanding_bytes"].sum())
         out["regions"] = int(last["regions"].sum())
         by_lib = last.groupby("library")["outstanding_bytes"].sum().sort_values(ascending=False)
