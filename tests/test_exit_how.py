@@ -54,6 +54,7 @@ def _check_kept(rep: dict, pid: int, truth: Truth, how: str, **exit_fields) -> d
     top = rep["culprits"][0]
     assert (top["pid"], top["library"], top["kind"]) == (pid, "libshape.so", "native-mmap"), top
     assert top["outstanding_bytes"] == held["outstanding_bytes"]
+    assert any(f.startswith("libshape.so") for f in top["stack"]), top["stack"]  # its call stack, kept at exit
     return ex
 
 
