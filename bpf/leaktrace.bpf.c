@@ -31,7 +31,13 @@
  * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
- * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO.
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
+ * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim).
+ *
+ * How a process ended: at sched_process_exit the kernel has already stored the wait status in
+ * task->exit_code (read at LT_TASK_EXIT_CODE_OFF, the offset user space takes from the kernel's BTF; no
+ * headers needed); oom:mark_victim names the OOM killer's victims, remembered in `oom_victims` (host pids)
+ * until the victim's exit event carries LT_EXIT_OOM.
  */
 #include "leaktrace.h"
 
@@ -80,6 +86,8 @@ BPF_HASH(pending, u32, struct lt_pending, 65536);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_STACK_TRACE(stacks, LT_MAX_STACKS);
 BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
+/* host pid (the thread the OOM killer marked) -> bpf_ktime_get_ns() of the mark; any process's, bounded */
+BPF_TABLE("lru_hash", u32, u64, oom_victims, 1024);
 BPF_RINGBUF_OUTPUT(events, LT_RING_PAGES);
 
 static __always_inline void count(u32 idx)
@@ -485,6 +493,13 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         return 0;
     u32 tgid = ids.host_tgid, tid = ids.host_tid;
     pending.delete(&tid);
+    /* The OOM killer marks one thread of its victim (any with an mm): carry the mark to the process. */
+    u64 *marked = oom_victims.lookup(&tid);
+    if (marked && tid != tgid) {
+        u64 when = *marked;
+        oom_victims.update(&tgid, &when);
+        oom_victims.delete(&tid);
+    }
     if (tid != tgid)
         targets.delete(&tid);
     if (!args->group_dead)
@@ -499,6 +514,31 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     ev.tgid = ids.tgid;
     ev.tid = ids.tid;
     ev.stack_id = -1;
+#ifdef LT_TASK_EXIT_CODE_OFF
+    int code = 0;
+    char *task = (char *)bpf_get_current_task();
+    if (bpf_probe_read_kernel(&code, sizeof(code), task + LT_TASK_EXIT_CODE_OFF) == 0)
+        ev.result = code;
+    else
+        ev.flags |= LT_EXIT_NO_CODE;
+#else
+    ev.flags |= LT_EXIT_NO_CODE;
+#endif
+    if (oom_victims.lookup(&tgid)) {
+        ev.flags |= LT_EXIT_OOM;
+        oom_victims.delete(&tgid);
+    }
     emit(&ev);
     return 0;
 }
+
+#ifdef LT_OOM_TRACEPOINT
+/* Any process the OOM killer chose (the victim may not be a target: the map is small and LRU). */
+TRACEPOINT_PROBE(oom, mark_victim)
+{
+    u32 pid = args->pid;
+    u64 now = bpf_ktime_get_ns();
+    oom_victims.update(&pid, &now);
+    return 0;
+}
+#endif

@@ -18,8 +18,14 @@
                           * namespace (LT_PIDNS_INO) it is sent at the child's first traced event, once
                           * its namespace pid is known, and only for processes (tid is then 0) */
 #define LT_EV_EXEC 6     /* a traced process replaced its address space */
-#define LT_EV_EXIT 7     /* a traced process's last thread exited (group_dead) */
+#define LT_EV_EXIT 7     /* a traced process's last thread exited (group_dead): result is the kernel's wait
+                          * status (task->exit_code: status << 8, or the signal | 0x80 with a core dump),
+                          * flags holds LT_EXIT_* bits */
 #define LT_EV_LIBMAP 8   /* a file mapped executable (a library loaded): user space refreshes its maps copy */
+
+/* EXIT event flags (lt_event.flags). */
+#define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */
+#define LT_EXIT_NO_CODE 2     /* the exit code could not be read (no task_struct offset from BTF) */
 
 /* Per-CPU counters (index into the `counters` array). */
 #define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk of the target set */

@@ -52,9 +52,10 @@ _F = pa.float64()
 _S = pa.string()
 _B = pa.bool_()
 SCHEMAS: dict[str, pa.Schema] = {
-    # One row when a process is first seen and one when it is seen gone.
+    # One row when a process is first seen and one when it is seen gone (exit_code: its wait status when it
+    # was still an unreaped zombie then, else -1; null on "seen" rows).
     "processes": pa.schema([("t", _F), ("pid", _I), ("ppid", _I), ("event", _S), ("comm", _S),
-                            ("label", _S), ("cmdline", _S), ("exe", _S), ("root", _I)]),
+                            ("label", _S), ("cmdline", _S), ("exe", _S), ("root", _I), ("exit_code", _I)]),
     # /proc/PID/smaps_rollup every tick (bytes).
     "rollup": pa.schema([("t", _F), ("pid", _I), ("rss", _I), ("pss", _I), ("uss", _I), ("anon", _I),
                          ("swap", _I), ("shared", _I)]),

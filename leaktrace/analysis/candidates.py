@@ -21,6 +21,7 @@ THRESHOLDS: dict[str, float] = {
     "min_confidence": 0.75,        # ... with this fraction of pairwise slopes agreeing in sign ...
     "min_span_s": 8.0,             # ... over at least this many seconds (after the warm-up cut),
                                    # and not one step (a step is an allocation, not a leak)
+    "short_lived_min_span_s": 3.0,  # a target that exited: this much (≥ 4 samples) is enough for a verdict
     "no_leak_span_s": 15.0,        # a clean verdict needs at least this much observation
     "inconclusive_confidence": 0.6,  # growth above the rate with confidence between this and min_confidence
     "class_mb_per_min": 0.5,       # a memory class of a leaking process counts from this rate ...
@@ -117,11 +118,21 @@ def process_info(reader: TableSource) -> dict[int, dict[str, Any]]:
     return info
 
 
+def is_short_lived(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
+    """It exited after less than ``min_span_s`` of samples, but with enough of them for a verdict from what
+    exists (stated with lower confidence)."""
+    exited = row.get("exited_s") if hasattr(row, "get") else None
+    span = row["t_last"] - row["t_first"]
+    return (exited is not None and not pd.isna(exited) and span < th["min_span_s"]
+            and span >= th["short_lived_min_span_s"] and int(row.get("samples", 0)) >= 4)
+
+
 def is_leaking(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
     span = row["t_last"] - row["t_first"]
+    long_enough = span >= th["min_span_s"] or is_short_lived(row, th)
     for col in ("rss", "anon"):
         if (row[f"{col}_mb_per_min"] >= th["leak_mb_per_min"] and row[f"{col}_confidence"] >= th["min_confidence"]
-                and span >= th["min_span_s"] and not row[f"{col}_step"]):
+                and long_enough and not row[f"{col}_step"]):
             return True
     return False
 
@@ -164,7 +175,7 @@ def ledger_candidates(reader: TableSource, info: dict[int, dict[str, Any]], warn
     if not any(t.startswith("ledger") for t in reader.tables()):
         return [], False
     try:
-        found = native_culprits(reader) or []
+        found = native_culprits(reader, th["min_span_s"]) or []
     except Exception as e:  # noqa: BLE001 - the ledger analysis failing must not lose the report
         warnings.append(f"ledger analysis failed: {e.__class__.__name__}: {e}")
         return [], False
@@ -217,6 +228,10 @@ def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int,
                 new = mine_shm[mine_shm["new"]] if mine_shm["new"].any() else mine_shm
                 paths = list(new["path"])
                 ev.append(f"segments mapped: {summarize_paths(paths, list(new['rss']))}")
+            if is_short_lived(p, th):
+                ev.append(f"short-lived: it exited after {p['t_last'] - p['t_first']:.1f} s of samples, less than the "
+                          f"{th['min_span_s']:.0f} s a steady rate normally needs: a verdict from what exists, with "
+                          "lower confidence than a longer hunt's")
             if pi.get("python") and cls in ("anon", "heap", "arena"):
                 ev.append("the process is a Python interpreter: the eBPF probe (calling library) or --pyheap "
                           "(GC-tracked objects) tells Python objects from native memory")

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.growth import MB, rate
+from leaktrace.analysis.growth import MB, Rate, rate
 from leaktrace.session import TableSource
+from leaktrace.slope import theil_sen
 
 # Snapshot kinds that make a culprit, and the culprit kind each becomes.
 CULPRIT_KINDS = {"anon": "native-mmap", "heap": "malloc-heap"}
@@ -32,7 +33,11 @@ def ledger_summary(reader: TableSource) -> dict[str, Any]:
     regions = reader.table("ledger_regions")
     out: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0}
     last = _last_tick(snaps)
-    if not last.empty:
+    if not counters.empty and not last.empty and float(counters["t"].max()) > float(last["t"].iloc[0]) + 1e-6:
+        # The probe writes a snapshot with every counters row: no rows at the last one means nothing was
+        # outstanding then (all unmapped, or every target exited: what each held at its exit is in ``exits``).
+        last = last.iloc[0:0]
+    if not snaps.empty:
         out["outstanding_bytes"] = int(last["outstanding_bytes"].sum())
         out["regions"] = int(last["regions"].sum())
         by_lib = last.groupby("library")["outstanding_bytes"].sum().sort_values(ascending=False)
@@ -69,10 +74,38 @@ def _series(snaps: pd.DataFrame, ticks: np.ndarray, pid: int, library: str, kind
     return grid, y
 
 
-def native_culprits(reader: TableSource) -> list[dict[str, Any]]:
+BIRTH_STEP_S = 0.25  # grid of the birth-time series of a short-lived process
+
+
+def _birth_series(regions: pd.DataFrame, pid: int, library: str, kind: str, t_start: float,
+                  t_exit: float) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """What a process held at its exit, by birth time: bytes born by each instant of a regular grid from the
+    start of tracing to the exit (the growth of what it still held then: memory mapped and freed before is
+    not in it). (grid, bytes, regions), or None when it held nothing of (library, kind) or lived < 1 s."""
+    if regions.empty or "at_exit" not in regions or t_exit - t_start < 1.0:
+        return None
+    mine = regions[(regions["pid"] == pid) & (regions["library"] == library) & (regions["kind"] == kind)
+                   & regions["at_exit"].astype(bool) & ~regions["preexisting"].astype(bool)]
+    if mine.empty:
+        return None
+    mine = mine.sort_values("t_born")
+    born = mine["t_born"].to_numpy(dtype=float)
+    total = np.cumsum(mine["size"].to_numpy(dtype=float))
+    grid = np.append(np.arange(t_start, t_exit, BIRTH_STEP_S), t_exit)
+    idx = np.searchsorted(born, grid, side="right")
+    y = np.where(idx > 0, total[np.maximum(idx - 1, 0)], 0.0)
+    return grid, y, len(mine)
+
+
+def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[str, Any]]:
+    """Growing (pid, library, kind) of the ledger. A process that exited after less than ``min_span_s`` of
+    tracing is rated from what exists (its snapshots; with only two, its growth over its life, the birth
+    times of what it held at exit saying how steady), and its evidence says so."""
     snaps = reader.table("ledger_snapshots")
     if snaps.empty:
         return []
+    exits = reader.table("ledger_exits")
+    exit_t = {int(r.pid): float(r.t) for r in exits.itertuples()} if not exits.empty else {}
     counters = reader.table("bpf_counters")
     ticks = np.unique(np.concatenate([snaps["t"].to_numpy(dtype=float),
                                       counters["t"].to_numpy(dtype=float) if not counters.empty else []]))
@@ -87,16 +120,32 @@ def native_culprits(reader: TableSource) -> list[dict[str, Any]]:
         if kind not in CULPRIT_KINDS:
             continue
         t, y = _series(snaps, ticks, int(pid), str(library), str(kind))
-        if len(t) < 3 or y[-1] <= 0:
+        if not len(t) or y[-1] <= 0:
             continue
-        r = rate(t, y, warmup_s=0.0)
+        short = int(pid) in exit_t and t[-1] - t[0] < min_span_s
+        if len(t) >= 3:
+            r = rate(t, y, warmup_s=0.0)
+            how = f"Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s"
+        elif short and len(t) == 2 and t[1] > t[0]:
+            # Two snapshots (attach, exit): the growth over its traced life; the birth times of what it
+            # held at exit say whether that growth was steady.
+            births = _birth_series(regions, int(pid), str(library), str(kind), float(t[0]), float(t[1]))
+            conf = theil_sen(births[0], births[1])[1] if births is not None else 0.0
+            r = Rate((y[1] - y[0]) / (t[1] - t[0]), conf, 2, float(t[1] - t[0]), rise=float(y[1] - y[0]))
+            how = (f"growth between its first snapshot and its exit, {r.span_s:.1f} s; confidence from the birth "
+                   "times of what it held then")
+        else:
+            continue
         if r.per_s <= 0:
             continue
         stack: list[str] = []
         evidence = [f"eBPF ledger: {int(y[-1]):,} B outstanding in {library} mappings of pid {pid} "
                     f"(caller return address at the syscall; raw syscalls included)",
-                    f"grew {r.mb_per_min:.2f} MB/min (Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s, "
-                    f"confidence {r.confidence:.2f})"]
+                    f"grew {r.mb_per_min:.2f} MB/min ({how}, confidence {r.confidence:.2f})"]
+        if short:
+            evidence.append(f"short-lived: traced {r.span_s:.1f} s until it exited, less than the {min_span_s:.0f} s "
+                            "a steady rate normally needs: a verdict from what exists, with lower confidence than a "
+                            "longer hunt's")
         if r.step:
             evidence.append(f"the rise is one step of {r.step_bytes / MB:.1f} MB, not a steady growth")
         top_sites: list[dict[str, Any]] = []
@@ -115,6 +164,6 @@ def native_culprits(reader: TableSource) -> list[dict[str, Any]]:
         out.append({"kind": CULPRIT_KINDS[kind], "library": str(library), "pid": int(pid),
                     "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
                     "outstanding_bytes": int(y[-1]), "stack": stack, "evidence": evidence,
-                    "confidence": r.confidence, "step": r.step, "sites": top_sites})
+                    "confidence": r.confidence, "step": r.step, "sites": top_sites, "short_lived": short})
     out.sort(key=lambda c: (-c["mb_per_min"], -c["outstanding_bytes"]))
     return out

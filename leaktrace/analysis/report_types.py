@@ -13,6 +13,20 @@ Verdict = Literal["leak", "no-leak", "inconclusive"]
 CulpritKind = Literal["native-mmap", "malloc-heap", "shm", "file", "python-heap", "other"]
 
 
+class ExitInfo(TypedDict, total=False):
+    """How a process that ended during the hunt ended (``processes[].exit``, ``ledger.exits[].exit``)."""
+
+    how: Literal["exited", "signal", "oom-killed", "unknown"]
+    status: int | None  # exit status (how == "exited")
+    signal: str | None  # "SIGKILL", ... (killed by a signal; SIGKILL when OOM-killed)
+    core: bool
+    source: str | None  # "ebpf" (the kernel's exit code at the exit) | "proc" (a zombie's /proc/PID/stat)
+    t: float | None  # seconds since the hunt started
+    before_ebpf: bool  # it died while the eBPF program compiled: nothing of it was traced
+    ebpf_live_s: float
+    note: str
+
+
 class _ProcessRequired(TypedDict):
     pid: int
     ppid: int
@@ -33,6 +47,7 @@ class ProcessEntry(_ProcessRequired, total=False):
     rss_last_mb: float
     samples: int
     exited_s: float | None
+    exit: ExitInfo | None  # None while it lived to the end of the hunt
     leaking: bool
     instance: int | None
     growth_by_class: dict[str, float]
@@ -74,6 +89,7 @@ class _LedgerRequired(TypedDict):
 class Ledger(_LedgerRequired, total=False):
     available: bool
     by_library: Any
+    exits: list[dict[str, Any]]  # targets that ended: pid, t, outstanding_bytes, regions held then, exit
 
 
 class _ReportRequired(TypedDict):

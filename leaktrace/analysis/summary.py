@@ -14,6 +14,7 @@ import pandas as pd
 from leaktrace.analysis import load
 from leaktrace.analysis.candidates import THRESHOLDS, process_info
 from leaktrace.analysis.culprits import find_culprits
+from leaktrace.analysis.exits import process_exits
 from leaktrace.analysis.first_named import first_named
 from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
 from leaktrace.analysis.ledger import ledger_summary
@@ -41,7 +42,7 @@ def process_table(reader: TableSource, info: dict[int, dict[str, Any]] | None = 
     return rates
 
 
-def _ledger_block(reader: TableSource, warnings: list[str]) -> dict[str, Any]:
+def _ledger_block(reader: TableSource, warnings: list[str], exits: dict[int, dict[str, Any]]) -> dict[str, Any]:
     ledger: dict[str, Any] = {"outstanding_bytes": 0, "events": 0, "lost_events": 0, "available": False}
     if not any(t.startswith("ledger") for t in reader.tables()):
         return ledger
@@ -50,7 +51,32 @@ def _ledger_block(reader: TableSource, warnings: list[str]) -> dict[str, Any]:
         ledger["available"] = True
     except Exception as e:  # noqa: BLE001 - a failing optional analysis must not lose the report
         warnings.append(f"ledger summary failed: {e.__class__.__name__}: {e}")
+    for ex in ledger.get("exits", []):
+        ex["exit"] = exits.get(ex["pid"])
     return ledger
+
+
+def _exits(reader: TableSource, warnings: list[str]) -> dict[int, dict[str, Any]]:
+    try:
+        return process_exits(reader)
+    except Exception as e:  # noqa: BLE001 - how a process ended is a nicety; the findings stand without it
+        warnings.append(f"exit analysis failed: {e.__class__.__name__}: {e}")
+        return {}
+
+
+def _unsampled(info: dict[int, dict[str, Any]], exits: dict[int, dict[str, Any]], listed: set[int],
+               inst_of: dict[int, Any]) -> list[dict[str, Any]]:
+    """Targets that ended before the watcher sampled them once: listed all the same, with how they ended."""
+    rows = []
+    for pid in sorted(set(exits) - listed):
+        pi = info.get(pid, {})
+        rows.append({"pid": pid, "ppid": int(pi.get("ppid", -1)), "label": str(pi.get("label", "other")),
+                     "title": str(pi.get("title", "?")), "comm": str(pi.get("comm", "")),
+                     "rss_mb_per_min": 0.0, "anon_mb_per_min": 0.0, "uss_mb_per_min": 0.0, "pss_mb_per_min": 0.0,
+                     "rss_confidence": 0.0, "anon_confidence": 0.0, "rss_step": False, "rss_first_mb": 0.0,
+                     "rss_last_mb": 0.0, "samples": 0, "exited_s": exits[pid].get("t"), "exit": exits[pid], "leaking": False,
+                     "instance": inst_of.get(pid)})
+    return rows
 
 
 def _load_blocks(reader: TableSource, warnings: list[str]) -> dict[str, Any]:
@@ -121,6 +147,15 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         except Exception as e:  # noqa: BLE001 - timing is a nicety; the findings stand without it
             warnings.append(f"first_named_s not computed: {e.__class__.__name__}: {e}")
 
+    short = sorted({c["pid"] for c in culprits if any(str(e).startswith("short-lived") for e in c["evidence"])})
+    if short:
+        why += (f"; pid(s) {short} exited after less than {THRESHOLDS['min_span_s']:.0f} s of observation: "
+                "judged on what exists, with lower confidence")
+    exits = _exits(reader, warnings)
+    missed = sorted(p for p, ex in exits.items() if ex.get("before_ebpf"))
+    if missed and verdict != "leak":
+        why += "".join(f"; pid {p} {exits[p]['note']}" for p in missed)
+
     extra = _load_blocks(reader, warnings)
     inst_of = _instance_of(extra.get("instances"))
     for c in culprits:
@@ -142,6 +177,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
             "rss_first_mb": round(float(p["rss_first_mb"]), 2), "rss_last_mb": round(float(p["rss_last_mb"]), 2),
             "samples": int(p["samples"]),
             "exited_s": p["exited_s"] if p["exited_s"] is not None and not pd.isna(p["exited_s"]) else None,
+            "exit": exits.get(pid),
             "leaking": pid in findings.leaking_pids,
             "instance": inst_of.get(pid),
         }
@@ -151,6 +187,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         if pid in findings.pyheap:
             row["python"] = findings.pyheap[pid]
         processes.append(row)
+    processes += _unsampled(info, exits, {r["pid"] for r in processes}, inst_of)
     processes.sort(key=lambda r: -r["rss_mb_per_min"])
 
     report: Report = {
@@ -169,7 +206,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         "processes": processes,
         "growth_by_class": class_rates(cu, table=ctab),
         "culprits": culprits,
-        "ledger": _ledger_block(reader, warnings),
+        "ledger": _ledger_block(reader, warnings, exits),
         "regions": regions,
         "total_rss_mb": round(float(procs["rss_last_mb"].sum()), 2) if not procs.empty else 0.0,
         "warnings": warnings + [f"skipped unreadable part {p}" for p in reader.skipped_parts],

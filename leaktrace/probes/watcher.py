@@ -19,6 +19,7 @@ from leaktrace.errors import AccessDenied, ProcessGone
 from leaktrace.memclass import classify_all
 from leaktrace.probes import HuntContext
 from leaktrace.procfs import Mapping
+from leaktrace.procfs.exits import zombie_exit_code
 
 # A region whose RSS rises by at least this much without changing size is reported as grown.
 RSS_GROWTH_EVENT_BYTES = 1 << 20
@@ -274,9 +275,11 @@ class WatcherProbe:
     def _process_gone(self, pid: int, now: float) -> None:
         assert self.ctx is not None
         self._write_last(pid, now)
+        code = zombie_exit_code(pid)  # how it ended, while its parent has not reaped it (-1: not known)
         self.ctx.session.append("processes", {"t": now, "pid": pid, "ppid": -1, "event": "exit",
                                               "comm": self.ctx.targets.labels.get(pid, ""), "label": "",
-                                              "cmdline": "[]", "exe": "", "root": -1})
+                                              "cmdline": "[]", "exe": "", "root": -1,
+                                              "exit_code": -1 if code is None else code})
         self.ctx.log(f"pid {pid} exited at t={now:.1f}s")
         self._last_regions.pop(pid, None)
         self._starttime.pop(pid, None)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.figures import Figures
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
@@ -127,7 +128,8 @@ def render(report: Report, figures: Figures | None = None) -> str:
         "flame": flame_svg(stacks),
     }
     tpl = env.get_template("report.html.j2")
-    return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB)
+    ended = {p["pid"]: describe_exit(p.get("exit")) for p in report.get("processes", []) if p.get("exit")}
+    return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB, ended=ended)
 
 
 def write(report: Report, out_dir: Path, figures: Figures | None = None) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
 
@@ -60,6 +61,7 @@ def render(report: Report) -> str:
         lines.append(f"| {p['pid']} | {p['ppid']} | {p['label']} | {p.get('title', '')} | {p['rss_mb_per_min']:.2f} | "
                      f"{p['anon_mb_per_min']:.2f} | {p['uss_mb_per_min']:.2f} | {_f(p.get('rss_confidence'))} | "
                      f"{_f(p.get('rss_last_mb'), '.1f')} |")
+    lines += _ended(report)
     gbc = report.get("growth_by_class") or {}
     if gbc:
         lines += ["", "### Growth by memory class (MB/min)", "", "| class | MB/min |", "|---|---:|"]
@@ -77,6 +79,21 @@ def render(report: Report) -> str:
     if report.get("warnings"):
         lines += ["", "Warnings:", *[f"- {w}" for w in report["warnings"]]]
     return "\n".join(lines) + "\n"
+
+
+def _ended(report: Report) -> list[str]:
+    """How each target that ended during the hunt ended, and what it held then (eBPF ledger)."""
+    held = {e["pid"]: e for e in (report.get("ledger") or {}).get("exits", [])}
+    ended = [p for p in report["processes"] if p.get("exit")]
+    if not ended:
+        return []
+    lines = ["", "### Ended during the hunt", ""]
+    for p in ended:
+        h = held.get(p["pid"])
+        at_exit = (f"; held {h['outstanding_bytes'] / 2**20:.1f} MB in {h['regions']} traced mapping(s) then"
+                   if h else "")
+        lines.append(f"- pid {p['pid']} ({p.get('title', '')}): {describe_exit(p['exit'])}{at_exit}")
+    return lines
 
 
 def write(report: Report, out_dir: Path) -> Path:

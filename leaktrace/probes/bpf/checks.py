@@ -14,6 +14,7 @@ from typing import Any
 
 from leaktrace import resources
 from leaktrace.errors import BpfUnavailable
+from leaktrace.probes.bpf.btf import kernel_member_offset
 from leaktrace.probes.bpf.loader import (
     choose_headers,
     find_bcc_dir,
@@ -92,6 +93,13 @@ def bpf_doctor_checks() -> list[dict[str, Any]]:
     btf = Path("/sys/kernel/btf/vmlinux").exists()
     checks.append(_check("kernel BTF", btf, "/sys/kernel/btf/vmlinux" if btf else "absent",
                          "a kernel built with CONFIG_DEBUG_INFO_BTF (needed for bpf_task_pt_regs)"))
+    off = kernel_member_offset("task_struct", "exit_code")
+    oom = tracefs is not None and _exists(tracefs / "events" / "oom" / "mark_victim" / "id")
+    checks.append(_check("how targets end", off is not None,
+                         (f"task_struct.exit_code at offset {off} (kernel BTF)" if off is not None
+                          else "task_struct.exit_code not found in the kernel BTF: exits are reported 'unknown'")
+                         + ("; oom:mark_victim present" if oom else "; no oom:mark_victim: OOM kills read as SIGKILL"),
+                         "a kernel built with CONFIG_DEBUG_INFO_BTF"))
     checks.append(resources.BPF.doctor_check("leaktrace BPF program", resources.BPF.located() / "leaktrace.bpf.c"))
     choice = choose_headers()
     stub_ok = (stub_headers() / "include" / "linux" / "kconfig.h").is_file()

@@ -11,6 +11,7 @@ EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK
                EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap"}
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
+EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status
 ANON_FD = 0xFFFFFFFF
 
 

@@ -167,6 +167,17 @@ def compile_flags(include_dir: Path, extra: dict[str, int] | None = None) -> lis
     return [f"-I{include_dir}", "-Wno-macro-redefined"] + [f"-D{k}={v}" for k, v in defs.items()]
 
 
+def exit_defines() -> dict[str, int]:
+    """Knobs for how a process ended: the task_struct.exit_code offset (kernel BTF) and whether the kernel
+    has the oom:mark_victim tracepoint (attaching a missing one would fail the whole program)."""
+    from leaktrace.probes.bpf.btf import exit_code_defines
+    from leaktrace.tracefs import mounted_root
+
+    root = mounted_root()
+    oom = root is not None and os.path.isdir(f"{root}/events/oom/mark_victim")
+    return {**exit_code_defines(), **({"LT_OOM_TRACEPOINT": 1} if oom else {})}
+
+
 def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None = None) -> tuple[Any, HeaderChoice]:
     """Compile and load ``bpf/<name>`` with BCC. Raises :class:`BpfUnavailable` with a remedy."""
     if os.geteuid() != 0:
@@ -180,7 +191,7 @@ def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None =
     if not src.is_file():
         raise BpfUnavailable(f"BPF program {src} is missing", f"{resources.BPF.remedy()}; or pass --no-bpf")
     try:
-        prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(src_dir, defines))
+        prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(src_dir, {**exit_defines(), **(defines or {})}))
     except Exception as e:  # noqa: BLE001 - bcc raises bare Exception for compile/load failures
         raise BpfUnavailable(f"BPF program failed to load ({choice.kind} headers): {str(e).strip()[:300]}") from e
     return prog, choice

@@ -32,6 +32,8 @@ from leaktrace.probes.bpf.layout import (
     EV_MMAP,
     EV_MREMAP,
     EV_MUNMAP,
+    EXIT_NO_CODE,
+    EXIT_OOM,
     MREMAP_DONTUNMAP,
     Event,
 )
@@ -126,11 +128,30 @@ class BpfProbe(SnapshotRows):
         for pid in ctx.targets.live():
             self._add_target(pid)
         self.attach_s = time.monotonic() - t0
+        self._missed_at_attach(ctx)
         where = f", pids of PID namespace {self.pidns_ino}" if self.pidns_ino else ""
         ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
                 f"attached in {self.attach_s:.2f}s")
         self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
         self._thread.start()
+
+    def _missed_at_attach(self, ctx: HuntContext) -> None:
+        """Targets that ended while the program compiled (seconds under load): nothing of theirs was traced.
+        Said plainly (``bpf_missed`` rows: t = when the probe went live, pid, exit_code when still a zombie)."""
+        rows = []
+        for pid in ctx.targets.live():
+            try:
+                text = procfs.read_proc_text(pid, "stat")
+                if procfs.stat_field(text, 3) != "Z":
+                    continue
+                code = int(procfs.stat_field(text, 52))
+            except (ProcessGone, AccessDenied, OSError, ValueError):
+                code = -1
+            rows.append({"t": ctx.session.now(), "pid": pid, "exit_code": code})
+            ctx.warn(f"pid {pid} exited before the eBPF probe was live (compiling and attaching took "
+                     f"{self.attach_s:.1f}s): none of its mappings were traced; the watcher's rows are all there is")
+        if rows:
+            ctx.session.append("bpf_missed", rows)
 
     def add_pid(self, pid: int) -> None:
         with self.lock:
@@ -273,12 +294,23 @@ class BpfProbe(SnapshotRows):
             self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
             self._seed(pid)
         elif e.type == EV_EXIT:
-            self._record_exit(pid, e.seq, kmap)
+            code = None if e.flags & EXIT_NO_CODE else int(e.result)
+            self._record_exit(pid, e.seq, kmap, code, bool(e.flags & EXIT_OOM) or self._oom_marked(pid, code))
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
             self._known.discard(pid)
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
+
+    def _oom_marked(self, pid: int, code: int | None) -> bool:
+        """A SIGKILLed process the OOM killer marked just after its exit event was sent (the kernel sends the
+        SIGKILL before oom:mark_victim fires): looked up once more now. Host pids only (the map's keys)."""
+        if code != 9 or self.pidns_ino or self.prog is None:
+            return False
+        try:
+            return ct.c_uint32(pid) in self.prog[b"oom_victims"]
+        except Exception:  # noqa: BLE001 - a missing map (older program) means "not known"
+            return False
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)

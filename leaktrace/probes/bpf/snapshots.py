@@ -14,7 +14,11 @@ Session tables written (``t`` = seconds since hunt start, as every table):
                      stack_key, preexisting, t_born (NaN for pre-existing), path, at_exit (False); and
                      when a target exits, what it held then (at_exit True)
 ``ledger_exits``     one row per target that exited during the hunt: t, pid, outstanding_bytes, regions
-                     (what it held at its exit; its last ``ledger_snapshots`` rows are at the same t)
+                     (what it held at its exit; its last ``ledger_snapshots`` rows are at the same t),
+                     exit_code (the kernel's wait status, -1 when it could not be read), oom (the OOM
+                     killer chose it)
+``bpf_missed``       one row per target already gone when the probe went live (it died while the program
+                     compiled): t (when the probe went live), pid, exit_code (-1 unless still a zombie)
 ``bpf_counters``     per tick: t, syscalls, fast_maps, settled, slow_events, lost_events, map_full,
                      stacks, failed, ring_pending, kernel_regions, header_kind
 """
@@ -171,7 +175,8 @@ class SnapshotRows(KernelSide):
                                "frames": "\n".join(frames)})
         self.ctx.session.append("bpf_stacks", stack_rows)
 
-    def _record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions]) -> None:
+    def _record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions], code: int | None = None,
+                     oom: bool = False) -> None:
         """A target exits: what it held at that moment (both halves) becomes its last ledger snapshot, its
         regions and its call stacks, before the exit releases them — the leak of a worker the OOM killer
         just took stays in the report."""
@@ -196,5 +201,6 @@ class SnapshotRows(KernelSide):
             {"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
             for (lib, kind), (b, n) in sorted(groups.items())])
         self.ctx.session.append("ledger_exits", {"t": t, "pid": pid, "outstanding_bytes": sum(b for b, _ in groups.values()),
-                                                 "regions": sum(n for _, n in groups.values())})
+                                                 "regions": sum(n for _, n in groups.values()),
+                                                 "exit_code": -1 if code is None else code, "oom": oom})
         self._write_regions(items, at_exit=True)

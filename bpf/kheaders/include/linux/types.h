@@ -32,4 +32,5 @@ typedef unsigned long size_t;
 typedef long ssize_t;
 typedef unsigned long uintptr_t;
 typedef int pid_t;
+typedef unsigned int uid_t;  /* oom:mark_victim's format names it */
 #endif
