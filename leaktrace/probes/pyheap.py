@@ -25,6 +25,7 @@ import re
 import shutil
 import struct
 import subprocess
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -142,6 +143,7 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True) -> dic
             # stable once frozen, so walked with the other lists, not on every tick. Each object's type is
             # counted on the way (the same one read per object: the PyGC_Head and the object's header).
             stops = {*heads, gc + offs["permanent"]}
+            w0 = time.perf_counter()
             for _attempt in range(3):  # a collection that moved objects under the walk: walk again
                 frozen_types: dict[int, int] = {}
                 types: dict[int, int] = {}
@@ -154,6 +156,7 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True) -> dic
             out["approximate"] = True
             if types_too and out["frozen"] >= 0 and min(tracked) >= 0:
                 out["types"] = _type_names(mem, types, frozen_types)
+            out["walk_ms"] = round((time.perf_counter() - w0) * 1000, 3)
     return out
 
 
@@ -265,11 +268,12 @@ class PyHeapProbe:
             if not st.get("python"):
                 continue
             st["t"] = (t0 + t1) / 2 if walk else t1
-            if walk and "tracked" in st:
-                self._walked[pid] = (t1, t1 - t0)
+            if walk and "walk_ms" in st:
+                # the walk's own cost (the first read also finds the structure offsets: once per file)
+                cost = st["walk_ms"] / 1000
+                self._walked[pid] = (t1, cost)
                 self.walks += 1
-                self.walk_s += t1 - t0
-                st["walk_ms"] = round((t1 - t0) * 1000, 3)
+                self.walk_s += cost
             types = st.pop("types", None)
             if types:
                 type_rows += [{"t": st["t"], "pid": pid, "type": name, "count": n, "frozen": f}
