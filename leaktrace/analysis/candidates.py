@@ -219,8 +219,8 @@ def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int,
                 paths = list(new["path"])
                 ev.append(f"segments mapped: {summarize_paths(paths, list(new['rss']))}")
             if pi.get("python") and cls in ("anon", "heap", "arena"):
-                ev.append("the process is a Python interpreter: the eBPF probe (calling library) or --pyheap "
-                          "(GC-tracked objects) tells Python objects from native memory")
+                ev.append("the process is a Python interpreter: the eBPF probe (calling library) or the Python heap "
+                          "probe (objects by type; on unless --no-pyheap) tells Python objects from native memory")
             out.append(Candidate(kind=KIND_OF_CLASS.get(cls, "other"), pid=pid, mb_per_min=mbm, source="watcher",
                                  cls=cls, evidence=ev, paths=paths, python=pi.get("python", False),
                                  label=pi.get("label", "other"), title=pi.get("title", "?"), extra={"confidence": conf}))

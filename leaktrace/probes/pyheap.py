@@ -1,10 +1,13 @@
-"""The pyheap probe (``hunt --pyheap``, opt-in): Python GC state of Python targets, read from outside.
+"""The pyheap probe (on by default, ``hunt --no-pyheap`` turns it off): Python GC state of Python targets,
+read from outside, with the objects counted by type.
 
 What it tells: per generation the GC count (``gc.get_count()``), threshold, number of tracked objects and
 collection statistics (``gc.get_stats()``), whether GC is enabled, and the frozen object count
 (``gc.get_freeze_count()``: is the start-up heap frozen, as vLLM's API server, EngineCore and workers
-freeze it?). Growth of tracked objects, or of the frozen set, points at Python-level growth; flat ones
-with growing RSS point at native memory.
+freeze it?), and on each walk of the GC lists the objects counted by type (each object's ``ob_type`` →
+``tp_name``, read in the same pass). Growth of tracked objects, or of the frozen set, points at
+Python-level growth, and the growing types say which objects; flat ones with growing RSS point at native
+memory (analysis.pyobjects decides).
 
 Why this way (the safety choice): the usual in-process query — gdb ``call PyGILState_Ensure()`` then
 ``PyRun_SimpleString`` — stops the process and runs code inside it; if a thread was stopped inside
