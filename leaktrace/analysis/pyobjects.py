@@ -126,7 +126,8 @@ def type_evidence(tg: dict[str, Any], process_mb_per_min: float) -> list[str]:
     top = ", ".join(f"{t['type']} +{t['count_delta']:,} ({t['count_first']:,} → {t['count_last']:,})"
                     for t in tg["types"][:5])
     ev = [f"Python objects grow {tg['objects_per_min']:+,.0f}/min ({tg['objects_first']:,} → {tg['objects_last']:,} "
-          f"GC-tracked objects over {t1 - t0:.0f} s, {tg['walks']} walks of the GC lists); growing types: {top}"]
+          f"objects in the GC lists, frozen ones included, over {t1 - t0:.0f} s, {tg['walks']} walks); growing types: "
+          f"{top}"]
     if tg["objects_per_min"] > 0 and process_mb_per_min > 0:
         ev.append(f"the process grows {process_mb_per_min * MB / tg['objects_per_min']:,.0f} bytes per new object "
                   "(the object and what it holds that the collector does not track: strings, bytes, buffers)")
@@ -162,8 +163,8 @@ def fold_native(python: list[Any], others: list[Any], types: dict[int, dict[str,
         if py is None or c.kind not in ("malloc-heap", "native-mmap", "other") or names_other_library(c):
             tg = types.get(c.pid)
             if py is None and tg is not None and c.python:
-                c.evidence.append(f"Python objects do not explain it: {tg['objects_per_min']:+,.0f} GC-tracked "
-                                  f"objects/min ({tg['objects_first']:,} → {tg['objects_last']:,} over "
+                c.evidence.append(f"Python objects do not explain it: {tg['objects_per_min']:+,.0f} objects/min "
+                                  f"in the GC lists ({tg['objects_first']:,} → {tg['objects_last']:,} over "
                                   f"{tg['window_s'][1] - tg['window_s'][0]:.0f} s): native memory")
             kept.append(c)
             continue
