@@ -183,8 +183,8 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
     counts: dict[int, int] = {}
     cache: dict[int, bytes] = {}
     unpack_from, pread, fd, size = _NODE.unpack_from, os.pread, mem.fd, _NODE.size  # the hot loop
-    good = [head]  # the last few nodes walked through, for resyncs
-    resyncs = streak = 0
+    good, good_tp = [head], [0]  # the last nodes walked through (and their types), for resyncs
+    resyncs = 0
     node = mem.read_ptr(head)
     while node is not None:
         node &= ~0x3  # low bits of _gc_next are flags during a collection
@@ -207,20 +207,29 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
             page = b""
         if len(page) < node - base + size or unpack_from(page, node - base)[1] & ~0x3 != good[-1]:
             resyncs += 1
-            streak += 1
             if resyncs > MAX_RESYNCS:
                 return -1
             cache.clear()
-            if streak > 1 and len(good) > 1:
-                good.pop()  # the last good node may have left the list too: one further back
-            node = mem.read_ptr(good[-1])
+            node = None
+            while len(good) > 1:  # back to the last node still in the list (live: its _gc_prev holds)
+                live = mem.read(good[-1], size)
+                if live and len(live) == size and unpack_from(live)[1] & ~0x3 == good[-2]:
+                    node = unpack_from(live)[0]
+                    break
+                good.pop()
+                n -= 1
+                last_tp = good_tp.pop()
+                counts[last_tp] -= 1
+            if node is None:  # back at the head: the walk starts again
+                good, good_tp, counts, n = [head], [0], {}, 0
+                node = mem.read_ptr(head)
             continue
         nxt, _prev, tp = unpack_from(page, node - base)
         counts[tp] = counts.get(tp, 0) + 1
-        streak = 0
         good.append(node)
-        if len(good) > 64:
-            del good[:32]
+        good_tp.append(tp)
+        if len(good) > 64:  # a few recent nodes suffice to resync; the older ones stay counted
+            del good[1:33], good_tp[1:33]
         node = nxt
         n += 1
     if node is None:
