@@ -204,3 +204,40 @@ def test_gc_freeze_growth_is_reported(hunts):
     assert mine["frozen_delta"] > 0.8 * mine["count_delta"] > 0, mine
     assert any(e.startswith("gc.freeze: the growth is frozen") for e in top["evidence"]), top["evidence"]
 
+
+
+# --------------------------------------------------------------------------- the decision, on numbers
+
+def _tg(objects_per_min: float, walks: int = 5, confidence: float = 1.0) -> dict:
+    return {"objects_per_min": objects_per_min, "walks": walks, "confidence": confidence, "window_s": [0.0, 40.0],
+            "objects_first": 1000, "objects_last": 1000 + int(objects_per_min * 40 / 60),
+            "types": [{"type": "Thing", "count_first": 0, "count_last": int(objects_per_min * 40 / 60),
+                       "count_delta": int(objects_per_min * 40 / 60), "per_min": objects_per_min, "frozen_delta": 0}]}
+
+
+def test_explains_needs_objects_that_can_hold_the_growth():
+    from leaktrace.analysis.pyobjects import MAX_BYTES_PER_OBJECT, explains
+
+    assert explains(_tg(60_000), 60.0)  # ~1 KiB a new object: Python objects
+    # A native leak of 60 MB/min in a process that also makes 100 objects a minute: ~600 KiB an object.
+    assert 60.0 * 2**20 / 100 > MAX_BYTES_PER_OBJECT and not explains(_tg(100), 60.0)
+    assert not explains(_tg(60_000, confidence=0.5), 60.0)  # objects up and down: no steady growth
+    assert not explains(None, 60.0)
+
+
+def test_fold_keeps_candidates_that_name_another_library():
+    from leaktrace.analysis.candidates import Candidate
+    from leaktrace.analysis.pyobjects import fold_native
+
+    py = Candidate(kind="python-heap", pid=7, mb_per_min=60.0, source="pyheap", python=True,
+                   extra={"explained": True})
+    libc = Candidate(kind="malloc-heap", pid=7, mb_per_min=58.0, source="ledger", library="libc.so.6",
+                     stack=["libc.so.6!brk+0x7", "libc.so.6!sbrk+0x95"], python=True)
+    vendor = Candidate(kind="native-mmap", pid=7, mb_per_min=5.0, source="ledger", library="libc.so.6",
+                       stack=["libc.so.6!mmap64+0x13", "libshape.so!shape_mremap_tick+0x102"], python=True)
+    other_pid = Candidate(kind="malloc-heap", pid=8, mb_per_min=9.0, source="ledger", library="libc.so.6", python=True)
+    kept = fold_native([py], [libc, vendor, other_pid], {7: _tg(60_000)})
+    assert kept == [vendor, other_pid]
+    assert py.extra["folded"] == [{"kind": "malloc-heap", "library": "libc.so.6", "source": "ledger",
+                                   "mb_per_min": 58.0}]
+    assert any("not a separate leak" in e for e in py.evidence)
