@@ -29,6 +29,7 @@ import shutil
 import struct
 import subprocess
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -101,10 +102,20 @@ def _python_image(maps: list[procfs.Mapping]) -> tuple[str, str] | None:
     return None
 
 
-def read_python_heap(pid: int, walk: bool = True, types_too: bool = True) -> dict[str, Any]:
-    """GC state of a live CPython process without stopping it (see the module docstring). With ``walk``
-    the GC lists are walked (object counts) and, with ``types_too``, ``types``: {type name: (objects,
-    frozen objects)} of a complete walk (absent when a list changed under the walk)."""
+@dataclass(frozen=True)
+class Interpreter:
+    """Where a process's interpreter state lives: found once per process (its maps, the file's symbols and
+    DWARF), then every read goes straight to memory."""
+
+    path: str
+    version: str
+    runtime: int  # address of _PyRuntime in the process
+    offs: dict[str, int]
+    source: str
+
+
+def locate(pid: int) -> Interpreter | dict[str, Any]:
+    """The interpreter of ``pid``, or the row that says why there is none (not Python, no offsets)."""
     maps = procfs.read_maps(pid)
     img = _python_image(maps)
     if img is None:
@@ -119,10 +130,26 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True) -> dic
                     "error": f"no debug info in {os.path.basename(path)} and no built-in offsets for {version}"}
         offs, source = OFFSETS_311, "built-in CPython 3.11 x86-64 offsets"
     bias = load_bias(maps, path)
-    rt = elf_info(path).symbols["_PyRuntime"][0]
-    out: dict[str, Any] = {"pid": pid, "python": True, "version": version, "offsets_source": source}
+    if bias is None:
+        return {"pid": pid, "python": True, "version": version, "error": f"{path} not placed in the maps"}
+    return Interpreter(path, version, bias + elf_info(path).symbols["_PyRuntime"][0], offs, source)
+
+
+def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
+                     where: Interpreter | None = None) -> dict[str, Any]:
+    """GC state of a live CPython process without stopping it (see the module docstring). With ``walk``
+    the GC lists are walked (object counts) and, with ``types_too``, ``types``: {type name: (objects,
+    frozen objects)} of a complete walk (absent when a list changed under the walk). ``where``: the
+    process's interpreter as :func:`locate` found it (else found now)."""
+    if where is None:
+        found = locate(pid)
+        if not isinstance(found, Interpreter):
+            return found
+        where = found
+    offs = where.offs
+    out: dict[str, Any] = {"pid": pid, "python": True, "version": where.version, "offsets_source": where.source}
     with ProcMem(pid) as mem:
-        interp = mem.read_ptr(bias + rt + offs["interp_main"]) if bias is not None else None
+        interp = mem.read_ptr(where.runtime + offs["interp_main"])
         if not interp:
             return {**out, "error": "interpreter state not readable (not initialised yet?)"}
         gc = interp + offs["gc"]
