@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from leaktrace.probes.pyheap import PyHeapProbe, read_python_heap  # noqa: E402
+from leaktrace.probes.pyheap import PyHeapProbe, locate, read_python_heap  # noqa: E402
 
 TARGET = """
 import gc, sys, time
@@ -58,9 +58,10 @@ while True:
 
 def timed(pid: int, walk: bool, reps: int) -> tuple[float, dict]:
     times, st = [], {}
+    where = locate(pid)  # once per process, as the probe does
     for _ in range(reps):
         t0 = time.perf_counter()
-        st = read_python_heap(pid, walk=walk)
+        st = read_python_heap(pid, walk=walk, where=where)  # type: ignore[arg-type]
         times.append(time.perf_counter() - t0)
     return statistics.median(times), st
 
@@ -79,16 +80,17 @@ class Reader(threading.Thread):
 
 def phase(reader: Reader, name: str, seconds: float, pid: int, mode: str) -> None:
     reader.phase = name
+    where = locate(pid)
     t_end = time.monotonic() + seconds
     last_walk, cost = float("-inf"), 0.0
     while time.monotonic() < t_end:
         t0 = time.monotonic()
         if mode == "worst":
-            read_python_heap(pid, walk=True)
+            read_python_heap(pid, walk=True, where=where)  # type: ignore[arg-type]
             continue
         if mode == "hunt":  # the probe's schedule: counters every 1 s tick, walks by their cost
             due = t0 - last_walk >= max(PyHeapProbe.MIN_WALK_GAP_S, cost / PyHeapProbe.WALK_DUTY)
-            st = read_python_heap(pid, walk=due)
+            st = read_python_heap(pid, walk=due, where=where)  # type: ignore[arg-type]
             if due:
                 last_walk, cost = time.monotonic(), st.get("walk_ms", 0.0) / 1000
         time.sleep(max(0.0, t0 + 1.0 - time.monotonic()))

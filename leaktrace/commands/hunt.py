@@ -44,7 +44,7 @@ def make_logger(quiet: bool):
               help="Read the Python heap of Python targets (on by default): GC state and objects counted by "
                    "type, read through /proc/PID/mem (the target is never stopped, no code runs in it), so the "
                    "report tells Python-object growth (culprit python-heap, growing types, gc.freeze state) from "
-                   "native growth. Cost (bench/bench_pyheap.py): ~0.2 ms a tick, plus a walk of the GC lists "
+                   "native growth. Cost (bench/bench_pyheap.py): ~0.02 ms a tick, plus a walk of the GC lists "
                    "(~0.8 µs an object: ~0.1 s for 120k objects, ~0.6 s for vLLM's ~700k) at start, at stop and "
                    "at most 2% of the time; the target's slowdown at that schedule was within noise (0.96-1.06x "
                    "of its speed without the probe). --no-pyheap turns it off.")
