@@ -109,8 +109,10 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
     if result.warnings:
         click.echo(f"{len(result.warnings)} warning(s); see {out_dir / 'meta.json'}", err=True)
     top = report["culprits"][0] if report["culprits"] else None
+    python = (top.get("python") if top else None) or {}
+    py_types = [t["type"] for t in (python.get("types") or [])[:3]]  # a python-heap culprit: its growing types
     click.echo(f"verdict: {report['verdict']}" + (
-        f" — top culprit: {top['kind']} {top.get('library') or ''} pid {top['pid']} "
+        f" — top culprit: {top['kind']} {top.get('library') or ', '.join(py_types)} pid {top['pid']} "
         f"{top['mb_per_min']:.2f} MB/min" if top else ""))
     click.echo(f"report: {out_dir / 'report.json'}")
     sys.stdout.flush()
