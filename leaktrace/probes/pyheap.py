@@ -28,6 +28,7 @@ import re
 import shutil
 import struct
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -184,10 +185,11 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
 
 
 class PyHeapProbe:
-    """On for Python targets unless ``--no-pyheap``. Every tick: the GC counters (a few reads). Now and
-    then: the walk of every GC list with the objects counted by type (``pyheap_types``), at most
-    ``WALK_DUTY`` of leaktrace's time (a walk costs ~0.8 µs per object: ~0.1 s for 120k objects, ~0.6 s for
-    vLLM's ~660k frozen ones) and not more often than every ``MIN_WALK_GAP_S``; always at start and stop."""
+    """On for Python targets unless ``--no-pyheap``. Every tick: the GC counters (a few reads). In a thread
+    of its own (a walk neither delays the other probes' ticks nor the attach): the walk of every GC list
+    with the objects counted by type (``pyheap_types``), per process at most ``WALK_DUTY`` of the time (a
+    walk costs ~0.8 µs per object: ~0.1 s for 120k objects, ~0.6 s for vLLM's ~660k frozen ones) and not
+    more often than every ``MIN_WALK_GAP_S``; right after attach, and at stop."""
 
     name = "pyheap"
     MIN_WALK_GAP_S = 5.0
@@ -204,20 +206,36 @@ class PyHeapProbe:
         self._where: dict[int, Interpreter] = {}
         self.walks = 0
         self.walk_s = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self, ctx: HuntContext) -> None:
         self.ctx = ctx
-        self._sample(force_walk=True)
+        self._sample("counters")
         n = sum(1 for v in self.python_pids.values() if v)
         if n:
             ctx.log(f"pyheap: {n} Python process(es), GC state and object types read from memory "
                     "(no code run in the targets, never stopped)")
+        self._thread = threading.Thread(target=self._walker, name="pyheap-walk", daemon=True)
+        self._thread.start()
+
+    def _walker(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                self._sample("due")
+            except Exception as e:  # noqa: BLE001 - the walker ending must not end the hunt
+                if self.ctx is not None:
+                    self.ctx.warn(f"pyheap walk: {e.__class__.__name__}: {e}")
+                return
 
     def _walk_due(self, pid: int, now: float) -> bool:
         end, cost = self._walked.get(pid, (float("-inf"), 0.0))
         return now - end >= max(self.MIN_WALK_GAP_S, cost / self.WALK_DUTY)
 
-    def _sample(self, force_walk: bool = False) -> None:
+    def _sample(self, mode: str) -> None:
+        """``counters`` (every tick), ``due`` (the walks due, from the walker thread) or ``all`` (a walk
+        of every process: at stop)."""
         assert self.ctx is not None
         session = self.ctx.session
         rows, type_rows = [], []
@@ -225,7 +243,9 @@ class PyHeapProbe:
             if self.python_pids.get(pid) is False:
                 continue
             t0 = session.now()
-            walk = force_walk or self._walk_due(pid, t0)
+            walk = mode == "all" or (mode == "due" and self._walk_due(pid, t0))
+            if mode == "due" and not walk:
+                continue
             try:
                 where = self._where.get(pid)
                 if where is None:
@@ -246,28 +266,33 @@ class PyHeapProbe:
             if walk and "walk_ms" in st:
                 # the walk's own cost (the first read also finds the structure offsets: once per file)
                 cost = st["walk_ms"] / 1000
-                self._walked[pid] = (t1, cost)
-                self.walks += 1
-                self.walk_s += cost
+                with self._lock:
+                    self._walked[pid] = (t1, cost)
+                    self.walks += 1
+                    self.walk_s += cost
             types = st.pop("types", None)
             if types:
                 type_rows += [{"t": st["t"], "pid": pid, "type": name, "count": n, "frozen": f}
                               for name, (n, f) in types.items()]
-            if "frozen" not in st and "frozen" in self.last.get(pid, {}):
-                st["frozen"] = self.last[pid]["frozen"]  # as of the last walk
-            if "error" in st and pid not in self.last:
-                self.ctx.warn(f"pyheap: pid {pid}: {st['error']}")
-            self.last[pid] = st
+            with self._lock:
+                if "frozen" not in st and "frozen" in self.last.get(pid, {}):
+                    st["frozen"] = self.last[pid]["frozen"]  # as of the last walk
+                if "error" in st and pid not in self.last:
+                    self.ctx.warn(f"pyheap: pid {pid}: {st['error']}")
+                self.last[pid] = st
             rows.append(st)
         session.append("pyheap", rows)
         session.append("pyheap_types", type_rows)
 
     def tick(self, now: float) -> None:
-        self._sample()
+        self._sample("counters")
 
     def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
         if self.ctx is not None:
-            self._sample(force_walk=True)
+            self._sample("all")
 
     def summary(self) -> dict[str, Any]:
         keep = ("version", "gc_enabled", "frozen", "tracked", "gen0_count", "gen1_count", "gen2_count",
