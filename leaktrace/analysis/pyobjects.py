@@ -43,22 +43,6 @@ def _walks(reader: TableSource) -> pd.DataFrame:
     return ty
 
 
-def _frozen_state(reader: TableSource, pid: int, t0: float, t1: float) -> dict[str, Any] | None:
-    if "pyheap" not in reader.tables():
-        return None
-    ph = reader.table("pyheap")
-    if ph.empty or "frozen" not in ph.columns:
-        return None
-    g = ph[(ph["pid"] == pid) & ph["frozen"].notna() & (ph["frozen"] >= 0)].sort_values("t")
-    if "tracked" in g.columns:
-        g = g[g["tracked"].notna()]  # counted by a walk (ticks carry the last walk's figure)
-    g = g[(g["t"] >= t0 - 1e-6) & (g["t"] <= t1 + 1e-6)]
-    if g.empty:
-        return None
-    first, last = int(g["frozen"].iloc[0]), int(g["frozen"].iloc[-1])
-    return {"count_first": first, "count_last": last, "count_delta": last - first}
-
-
 def type_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
     """Per pid with at least two complete walks: ``{"window_s": [t0, t1], "walks": n, "objects_delta",
     "objects_per_min", "confidence", "types": [{"type", "count_first", "count_last", "count_delta",
@@ -100,8 +84,10 @@ def type_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
             "objects_delta": int(total[-1] - total[0]), "objects_per_min": round(float(per_min), 1),
             "confidence": round(float(conf), 3), "types": types,
         }
-        fz = _frozen_state(reader, int(pid), float(times[0]), float(times[-1]))
-        if fz is not None:
+        if has_frozen:
+            # the frozen objects of each walk, counted in the same walk as the types (all types summed)
+            first, last = int(frozen.iloc[0].sum()), int(frozen.iloc[-1].sum())
+            fz: dict[str, Any] = {"count_first": first, "count_last": last, "count_delta": last - first}
             grown = max(state["objects_delta"], 1)
             fz["growing"] = fz["count_delta"] > 0 and fz["count_delta"] >= 0.5 * grown
             fz["share_of_growth"] = round(max(fz["count_delta"], 0) / grown, 3) if state["objects_delta"] > 0 else 0.0
