@@ -9,7 +9,8 @@ ring, small malloc churn) while it counts its iterations per 0.5 s window. Measu
                 type (every ≥5 s and at most 2% of leaktrace's time; at start and at stop)
   ``per_tick``  leaktrace's average cost per 1 s tick at the hunt's schedule (tick + the walk's share)
   ``item_objects_seen``  the walk's count of the target's class (it holds --live of them, replacing
-                them as fast as it can: the count's accuracy under the worst churn)
+                them as fast as it can: the count's accuracy under the worst churn; objects living
+                milliseconds are freed ahead of the walk and appended behind it: 0.5-2.4x measured)
   slowdown      (target and probe pinned to two different CPUs when there are two) the target's throughput with no probe over its throughput with the probe reading it, in
                 alternating phases (none, probe at the hunt schedule, none, probe walking back to back):
                 ``ratio_hunt`` (what a hunt costs the target) and ``ratio_worst`` (walks back to back).
