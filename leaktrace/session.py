@@ -224,7 +224,10 @@ def _to_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     schema = SCHEMAS.get(table)
     if schema is not None:
         return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
-    return pa.Table.from_pylist(rows)
+    # Every key of every row: pyarrow takes the columns from the first row alone, and rows of one part may
+    # differ (the pyheap probe's walk rows carry columns its per-tick rows do not).
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows])
 
 
 def _utf8(v: Any) -> Any:

@@ -121,3 +121,12 @@ def test_names_that_are_not_utf8_are_written_escaped(tmp_path):
     assert list(r.table("regions")["path"]) == ["/tmp/lib\\xff\\xfeodd.so"]
     assert list(r.table("custom")["name"]) == ["/tmp/lib\\xff\\xfeodd.so"]
     assert len(r.table("rollup")) == 1 and w.write_error is None
+
+
+def test_rows_with_different_columns_keep_them_all(tmp_path):
+    # A table the writer knows no schema for: a part whose first row lacks a column keeps it for the others.
+    w = SessionWriter(tmp_path / "s")
+    w.append("probe_rows", [{"t": 0.0, "pid": 1}, {"t": 1.0, "pid": 1, "walked": 42}])
+    w.close()
+    df = SessionReader(tmp_path / "s").table("probe_rows")
+    assert list(df["walked"].isna()) == [True, False] and df["walked"].iloc[1] == 42

@@ -12,6 +12,7 @@ import pandas as pd
 
 from leaktrace.analysis.growth import MB, class_rate_table
 from leaktrace.analysis.ledger import native_culprits
+from leaktrace.analysis.pyobjects import explains, names_other_library, type_evidence
 from leaktrace.session import TableSource
 from leaktrace.vllm.labels import LABELS, classify_argv
 
@@ -233,8 +234,8 @@ def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int,
                           f"{th['min_span_s']:.0f} s a steady rate normally needs: a verdict from what exists, with "
                           "lower confidence than a longer hunt's")
             if pi.get("python") and cls in ("anon", "heap", "arena"):
-                ev.append("the process is a Python interpreter: the eBPF probe (calling library) or --pyheap "
-                          "(GC-tracked objects) tells Python objects from native memory")
+                ev.append("the process is a Python interpreter: the eBPF probe (calling library) or the Python heap "
+                          "probe (objects by type; on unless --no-pyheap) tells Python objects from native memory")
             out.append(Candidate(kind=KIND_OF_CLASS.get(cls, "other"), pid=pid, mb_per_min=mbm, source="watcher",
                                  cls=cls, evidence=ev, paths=paths, python=pi.get("python", False),
                                  label=pi.get("label", "other"), title=pi.get("title", "?"), extra={"confidence": conf}))
@@ -287,28 +288,43 @@ def pyheap_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
 
 
 def python_candidates(procs: pd.DataFrame, info: dict[int, dict[str, Any]], pyheap: dict[int, dict[str, Any]],
-                      ledger_ran: bool, ledger: list[Candidate], th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
-    """Python-level growth: the heap probe sees objects pile up, or RSS grows while the eBPF ledger
-    sees no native mapping growing in that (Python) process."""
+                      ledger_ran: bool, ledger: list[Candidate], th: dict[str, float] = THRESHOLDS,
+                      types: dict[int, dict[str, Any]] | None = None) -> list[Candidate]:
+    """Python-level growth: the heap probe sees objects pile up (by type, when its walks counted types:
+    ``analysis.pyobjects``), or RSS grows while the eBPF ledger sees no native mapping growing in that
+    (Python) process and names no other library growing there."""
+    types = types or {}
     out = []
     for _, p in procs.iterrows():
         pid = int(p["pid"])
         pi = info.get(pid, {})
         if not is_leaking(p, th) or not pi.get("python"):
             continue
-        ev = []
+        ev: list[str] = []
+        rss = float(p["rss_mb_per_min"])
+        # Growth a native library (not libc, not the interpreter) is named for is its own culprit.
+        named = sum(c.mb_per_min for c in ledger if c.pid == pid and names_other_library(c))
+        tg = types.get(pid)
+        explained = explains(tg, rss - named) if named < rss else False
         ph = pyheap.get(pid, {})
-        if ph.get("objects_per_min", 0) > 0 and ph.get("confidence", 0) >= th["min_confidence"] and not ph.get("step"):
+        if explained:
+            ev += type_evidence(tg, rss - named)  # type: ignore[arg-type]
+        elif tg is None and ph.get("objects_per_min", 0) > 0 and ph.get("confidence", 0) >= th["min_confidence"] \
+                and not ph.get("step"):
+            # sessions whose probe counted no types: the object count alone
             ev.append(f"the Python heap probe counts +{ph['objects_per_min']:.0f} GC-tracked objects/min "
                       f"(confidence {ph['confidence']:.2f})")
         native_rate = sum(c.mb_per_min for c in ledger if c.pid == pid)
-        if ledger_ran and native_rate < 0.1 * float(p["rss_mb_per_min"]):
+        if ledger_ran and native_rate < 0.1 * rss and named == 0:
             ev.append(f"RSS grows {p['rss_mb_per_min']:.2f} MB/min while the eBPF ledger attributes only "
                       f"{native_rate:.2f} MB/min to native mappings of this process")
-        if ev:
-            out.append(Candidate(kind="python-heap", pid=pid, mb_per_min=float(p["rss_mb_per_min"]), source="pyheap"
-                                 if ph else "ledger-gap", library=None, cls="python", python=True,
-                                 label=pi.get("label", "other"), title=pi.get("title", "?"), evidence=ev))
+        if not ev:
+            continue
+        extra: dict[str, Any] = {"explained": explained}
+        if tg is not None:
+            extra["python"] = {k: tg[k] for k in ("types", "frozen", "objects_per_min", "objects_first",
+                                                  "objects_last", "window_s", "walks") if k in tg}
+        out.append(Candidate(kind="python-heap", pid=pid, mb_per_min=rss - named if explained else rss,
+                             source="pyheap" if ph or tg else "ledger-gap", library=None, cls="python", python=True,
+                             label=pi.get("label", "other"), title=pi.get("title", "?"), evidence=ev, extra=extra))
     return out
-
-

@@ -34,6 +34,7 @@ from leaktrace.analysis.candidates import (
 )
 from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
 from leaktrace.analysis.growth import MB
+from leaktrace.analysis.pyobjects import fold_native, type_growth
 from leaktrace.analysis.rules import Rule, load_rules, render_template
 from leaktrace.session import TableSource
 
@@ -72,7 +73,7 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     }
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
-    for k in ("instance", "first_named_s"):
+    for k in ("instance", "first_named_s", "python"):
         if k in c.extra:
             out[k] = c.extra[k]
     return out
@@ -112,9 +113,14 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     ledger, ledger_ran = ledger_candidates(reader, info, warnings, th)
     _add_gdb_stacks(reader, ledger, warnings)
     pyheap = pyheap_growth(reader)
-    python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th)
+    types = type_growth(reader)
+    python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th, types)
     watcher = watcher_candidates(reader, procs, info, shm, th)
     _attribute_by_address(reader, watcher, warnings)
+    # Python objects that explain a process's growth take in the allocator's candidates of that process
+    # (libc / interpreter malloc, /proc-only): the same memory, not separate leaks.
+    ledger = fold_native(python, ledger, types)
+    watcher = fold_native(python, watcher, types)
     # A process whose growth is explained by attributed candidates keeps no duplicate /proc-only one of
     # the same kind (anonymous growth named by the ledger is the same memory) — unless the ledger's rate
     # explains less than half of what /proc sees grow: then the larger growth is not the ledger's.

@@ -76,6 +76,8 @@ class Culprit(_CulpritRequired, total=False):
     source: str  # ledger | watcher | pyheap
     cls: str
     measured_kind: str
+    # python-heap: the growing types with their counts and the gc.freeze state (analysis.pyobjects)
+    python: dict[str, Any]
     hostname: str  # merged cluster reports
     node_id: str
 

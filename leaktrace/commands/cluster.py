@@ -38,7 +38,8 @@ def cluster() -> None:
               help="vLLM /metrics URL to scrape, as each node sees it (repeatable).")
 @click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
-@click.option("--pyheap", is_flag=True, help="Query the Python heap (GC) state of Python targets.")
+@click.option("--pyheap/--no-pyheap", default=True, show_default=True,
+              help="Read the Python heap (GC state, objects by type) of Python targets (on by default).")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Cluster session directory to write (default: a new ./leaktrace-cluster-DATE-TIME); one "
                    "that already holds a session is refused (exit 13).")
@@ -93,7 +94,7 @@ def _hunt_args(interval: float, smaps_every: int, gdb_samples: int | None, metri
         args += ["--metrics", url]
     args += ["--no-bpf"] if no_bpf else []
     args += ["--no-gdb"] if no_gdb else []
-    args += ["--pyheap"] if pyheap else []
+    args += [] if pyheap else ["--no-pyheap"]
     return args
 
 

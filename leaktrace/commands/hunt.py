@@ -40,7 +40,14 @@ def make_logger(quiet: bool):
 @click.option("--no-bpf", is_flag=True,
               help="Do not load the eBPF probes (needed without root/BPF: /proc and gdb only, no ledger).")
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
-@click.option("--pyheap", is_flag=True, help="Query the Python heap (GC) state of Python targets (opt-in).")
+@click.option("--pyheap/--no-pyheap", default=True, show_default=True,
+              help="Read the Python heap of Python targets (on by default): GC state and objects counted by "
+                   "type, read through /proc/PID/mem (the target is never stopped, no code runs in it), so the "
+                   "report tells Python-object growth (culprit python-heap, growing types, gc.freeze state) from "
+                   "native growth. Cost (bench/bench_pyheap.py): ~0.02 ms a tick, plus a walk of the GC lists "
+                   "(~0.8 µs an object: ~0.1 s for 120k objects, ~0.6 s for vLLM's ~700k) at start, at stop and "
+                   "at most 2% of the time; the target's slowdown at that schedule was within noise (0.96-1.06x "
+                   "of its speed without the probe). --no-pyheap turns it off.")
 @click.option("--prometheus-port", type=int, default=None, help="Expose leaktrace's figures on 127.0.0.1:PORT.")
 @click.option("--prometheus-addr", default="127.0.0.1", show_default=True,
               help="Address the Prometheus endpoint binds to.")
@@ -102,8 +109,10 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
     if result.warnings:
         click.echo(f"{len(result.warnings)} warning(s); see {out_dir / 'meta.json'}", err=True)
     top = report["culprits"][0] if report["culprits"] else None
+    python = (top.get("python") if top else None) or {}
+    py_types = [t["type"] for t in (python.get("types") or [])[:3]]  # a python-heap culprit: its growing types
     click.echo(f"verdict: {report['verdict']}" + (
-        f" — top culprit: {top['kind']} {top.get('library') or ''} pid {top['pid']} "
+        f" — top culprit: {top['kind']} {top.get('library') or ', '.join(py_types)} pid {top['pid']} "
         f"{top['mb_per_min']:.2f} MB/min" if top else ""))
     click.echo(f"report: {out_dir / 'report.json'}")
     sys.stdout.flush()

@@ -46,7 +46,7 @@ class HuntOptions:
     gdb_samples: int | None = None  # None: default policy; 0: disabled
     vllm: bool = False
     metrics_urls: list[str] = field(default_factory=list)
-    pyheap: bool = False
+    pyheap: bool = True  # the Python heap probe (Python targets only; --no-pyheap)
     prometheus_port: int | None = None
     prometheus_addr: str = "127.0.0.1"
     live: bool | None = None  # None: when stdout is a TTY

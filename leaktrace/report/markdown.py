@@ -35,7 +35,8 @@ def render(report: Report) -> str:
     if not culprits:
         lines.append("None.")
     for i, c in enumerate(culprits[:MAX_CULPRITS], 1):
-        where = c.get("library") or "library not named"
+        py_types = [t["type"] for t in ((c.get("python") or {}).get("types") or [])[:3]]
+        where = c.get("library") or ("Python objects: " + ", ".join(py_types) if py_types else "library not named")
         lines.append(f"**{i}. {c.get('rule_title') or c['kind']} — `{where}`** (pid {c['pid']} "
                      f"{c.get('process_title') or c.get('process_label') or ''}): **{c['mb_per_min']:.2f} MB/min**"
                      + (f", {c['outstanding_bytes'] / 2**20:.1f} MB outstanding" if c.get("outstanding_bytes") else "")

@@ -1,0 +1,136 @@
+"""The walk of CPython's GC lists from outside (``/proc/PID/mem``), for the pyheap probe: the objects of a
+list counted by type while the target runs and changes the list; the types named from their tp_name."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from leaktrace.procmem import ProcMem
+
+MAX_WALK = 3_000_000
+# Object layout of the default (non free-threaded) build on 64-bit, 3.8–3.13: a PyGC_Head (_gc_next,
+# _gc_prev) right before each tracked object; the object starts with ob_refcnt, ob_type; a type object's
+# tp_name follows its PyVarObject header.
+GC_HEAD = 16
+OB_TYPE = 8
+TP_NAME = 24
+_NODE = struct.Struct(f"<QQ{GC_HEAD - 16 + OB_TYPE}xQ")  # _gc_next, _gc_prev, (ob_refcnt), ob_type
+PAGE = 4096
+MAX_RESYNCS = 10_000
+PAGES_KEPT = 256  # 1 MiB of the target's memory cached during one walk
+TYPES_KEPT = 200  # per walk: the most numerous types are written (``pyheap_types``), the rest summed up
+
+
+def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(),
+          types: dict[int, int] | None = None) -> int:
+    """Length of a PyGC_Head list (``_gc_next`` chain back to its head); -1 when the walk broke: an
+    unreadable node, another list's head, or too many resyncs. ``types`` counts the objects by type
+    address.
+
+    Memory is read a page at a time (the last PAGES_KEPT pages kept, for this walk only): objects sit
+    next to each other in pymalloc's pools and a list mostly follows allocation order, so one read serves
+    tens of objects. The target keeps changing the list under the walk (objects freed, collections): a node
+    whose ``_gc_prev`` is not the node before it was reached through a stale link, so the walk drops its
+    cached pages and goes on from the live successor of the last good node (or the one before, when that
+    one left the list too) — objects freed meanwhile are skipped, which is what a count should do."""
+    n = 0
+    counts: dict[int, int] = {}
+    cache: dict[int, bytes] = {}
+    unpack_from, pread, fd, size = _NODE.unpack_from, os.pread, mem.fd, _NODE.size  # the hot loop
+    good, good_tp = [head], [0]  # the last nodes walked through (and their types), for resyncs
+    resyncs = 0
+    node = mem.read_ptr(head)
+    while node is not None:
+        node &= ~0x3  # low bits of _gc_next are flags during a collection
+        if node == head:
+            break
+        if node == 0 or node in stops or n >= MAX_WALK:
+            return -1
+        base = node & ~(PAGE - 1)
+        page = cache.get(base)
+        try:
+            if page is None:
+                page = pread(fd, PAGE, base)
+                if len(page) == PAGE:
+                    cache[base] = page
+                    if len(cache) > PAGES_KEPT:
+                        del cache[next(iter(cache))]
+            if node - base + size > len(page):  # the object's header crosses the page
+                page, base = pread(fd, size, node), node
+        except OSError:
+            page = b""
+        if len(page) < node - base + size or unpack_from(page, node - base)[1] & ~0x3 != good[-1]:
+            resyncs += 1
+            if resyncs > MAX_RESYNCS:
+                return -1
+            cache.clear()
+            node = None
+            while len(good) > 1:  # back to the last node still in the list (live: its _gc_prev holds)
+                live = mem.read(good[-1], size)
+                if live and len(live) == size and unpack_from(live)[1] & ~0x3 == good[-2]:
+                    node = unpack_from(live)[0]
+                    break
+                good.pop()
+                n -= 1
+                last_tp = good_tp.pop()
+                counts[last_tp] -= 1
+            if node is None:  # back at the head: the walk starts again
+                good, good_tp, counts, n = [head], [0], {}, 0
+                node = mem.read_ptr(head)
+            continue
+        nxt, _prev, tp = unpack_from(page, node - base)
+        counts[tp] = counts.get(tp, 0) + 1
+        good.append(node)
+        good_tp.append(tp)
+        if len(good) > 64:  # a few recent nodes suffice to resync; the older ones stay counted
+            del good[1:33], good_tp[1:33]
+        node = nxt
+        n += 1
+    if node is None:
+        return -1
+    if types is not None:
+        for tp, k in counts.items():
+            types[tp] = types.get(tp, 0) + k
+    return n
+
+
+def walk_retry(mem: ProcMem, head: int, stops: set[int], types: dict[int, int], tries: int = 3) -> int:
+    n = -1
+    for _ in range(tries):
+        n = _walk(mem, head, stops, types)
+        if n >= 0:
+            break
+    return n
+
+
+def type_names(mem: ProcMem, types: dict[int, int], frozen: dict[int, int]) -> dict[str, tuple[int, int]]:
+    """{type name: (objects, of which frozen)} for the TYPES_KEPT most numerous types (tp_name read from
+    each type object; objects of types with the same name are summed); the rest under ``(other)``."""
+    allc = dict(types)
+    for tp, n in frozen.items():
+        allc[tp] = allc.get(tp, 0) + n
+    ranked = sorted(allc, key=lambda tp: -allc[tp])
+    out: dict[str, tuple[int, int]] = {}
+    rest = [0, 0]
+    for i, tp in enumerate(ranked):
+        name = _tp_name(mem, tp) if i < TYPES_KEPT else None
+        n, f = allc[tp], frozen.get(tp, 0)
+        if name is None:
+            rest[0] += n
+            rest[1] += f
+            continue
+        a, b = out.get(name, (0, 0))
+        out[name] = (a + n, b + f)
+    if rest[0]:
+        out["(other)"] = (rest[0], rest[1])
+    return out
+
+
+def _tp_name(mem: ProcMem, tp: int) -> str | None:
+    ptr = mem.read_ptr(tp + TP_NAME)
+    raw = mem.read_cstr(ptr, 200) if ptr else None
+    if not raw:
+        return None
+    name = raw.decode("utf-8", "replace")
+    return name if name.isprintable() else None
