@@ -34,6 +34,7 @@ from leaktrace.analysis.candidates import (
 )
 from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
 from leaktrace.analysis.growth import MB
+from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pyobjects import fold_native, type_growth
 from leaktrace.analysis.rules import Rule, load_rules, render_template
 from leaktrace.session import TableSource
@@ -151,9 +152,7 @@ def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings:
         return
     if joined.empty:
         return
-    stacks = reader.table("bpf_stacks")
-    frames = ({r.stack_key: [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
-              if not stacks.empty else {})
+    frames = stack_frames(reader)
     for c in cands:
         sites = sites_for(joined, c.pid, c.cls)
         by_lib: dict[str, int] = {}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from leaktrace.analysis.ledger import stack_frames
 from leaktrace.session import TableSource
 
 Stacks = list[tuple[list[str], int]]  # (frames root first, bytes)
@@ -55,11 +56,7 @@ def ledger_stacks(reader: TableSource) -> Stacks:
         return []
     if "preexisting" in regs.columns:
         regs = regs[~regs["preexisting"].astype(bool)]
-    frames: dict[str, list[str]] = {}
-    if "bpf_stacks" in reader.tables():
-        st = reader.table("bpf_stacks")
-        if not st.empty and {"stack_key", "frames"} <= set(st.columns):
-            frames = {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in st.itertuples()}
+    frames = stack_frames(reader)
     out: Stacks = []
     by = regs.groupby(["pid", "stack_key", "library"] if "library" in regs.columns else ["pid", "stack_key"],
                       dropna=False)["size"].sum()

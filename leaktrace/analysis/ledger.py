@@ -97,6 +97,14 @@ def _birth_series(regions: pd.DataFrame, pid: int, library: str, kind: str, t_st
     return grid, y, len(mine)
 
 
+def stack_frames(reader: TableSource) -> dict[str, list[str]]:
+    """The ``bpf_stacks`` table as stack_key → frames (one frame per line in the session)."""
+    stacks = reader.table("bpf_stacks") if "bpf_stacks" in reader.tables() else pd.DataFrame()
+    if stacks.empty or not {"stack_key", "frames"} <= set(stacks.columns):
+        return {}
+    return {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
+
+
 def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[str, Any]]:
     """Growing (pid, library, kind) of the ledger. A process that exited after less than ``min_span_s`` of
     tracing is rated from what exists (its snapshots; with only two, its growth over its life, the birth
@@ -110,10 +118,7 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
     ticks = np.unique(np.concatenate([snaps["t"].to_numpy(dtype=float),
                                       counters["t"].to_numpy(dtype=float) if not counters.empty else []]))
     regions = reader.table("ledger_regions")
-    stacks = reader.table("bpf_stacks")
-    frames = {}
-    if not stacks.empty:
-        frames = {r.stack_key: [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
+    frames = stack_frames(reader)
     lost = int(counters.sort_values("t").iloc[-1].get("lost_events", 0)) if not counters.empty else 0
     out: list[dict[str, Any]] = []
     for (pid, library, kind), _g in snaps.groupby(["pid", "library", "kind"]):
