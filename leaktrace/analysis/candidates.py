@@ -12,6 +12,7 @@ import pandas as pd
 
 from leaktrace.analysis.growth import MB, class_rate_table
 from leaktrace.analysis.ledger import native_culprits
+from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
 from leaktrace.vllm.labels import LABELS, classify_argv
 
@@ -32,7 +33,6 @@ KIND_OF_CLASS = {"anon": "native-mmap", "arena": "malloc-heap", "heap": "malloc-
                  "file": "file", "driver": "other", "stack": "other", "lib": "file", "other": "other"}
 _PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
 _LIB_IN_FRAME = re.compile(r"([A-Za-z0-9_.+-]+\.so(?:[.-][A-Za-z0-9_.-]*)?)")
-LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
 
 
 
