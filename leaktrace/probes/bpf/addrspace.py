@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class Origin:
     """Who created a piece of address space. Shared by all the pieces a region is later split into."""
 
-    kind: str  # "anon" | "file" | "heap" | "preexisting"
+    kind: str  # "anon" | "file" | "heap" | "preexisting" | "reserve" (PROT_NONE anonymous: no memory)
     t_born: int = 0  # ns, CLOCK_MONOTONIC (the BPF seq)
     site: int = 0  # caller's return address at the syscall
     ip: int = 0  # syscall instruction address
@@ -27,6 +27,11 @@ class Origin:
     @property
     def preexisting(self) -> bool:
         return self.kind == "preexisting"
+
+    @property
+    def counted(self) -> bool:
+        """Memory the ledger accounts: not what existed before attach, not a PROT_NONE reservation."""
+        return self.kind not in ("preexisting", "reserve")
 
 
 @dataclass(slots=True)

@@ -97,7 +97,7 @@ class BpfProbe(SnapshotRows):
         self._seen_kernel: dict[int, KernelRegions] = {}
         self._kernel_count = 0
         # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
-        self._korigin_ids: dict[tuple[bool, int, int, int], int] = {}
+        self._korigin_ids: dict[tuple[str, int, int, int], int] = {}
         self._korigins: list[Origin] = []
         self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._lib = None
@@ -155,7 +155,8 @@ class BpfProbe(SnapshotRows):
         self._maps_refreshed[pid] = time.monotonic()
         # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
         self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
-                         t=time.monotonic_ns())
+                         t=time.monotonic_ns(),
+                         reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
 
     def _poll_loop(self) -> None:
         full = False
@@ -244,7 +245,7 @@ class BpfProbe(SnapshotRows):
         pid = e.tgid
         if e.type == EV_MMAP:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
-            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e, "anon" if e.fd == (1 << 64) - 1 else "file"))
+            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e))
             if e.fd != (1 << 64) - 1 and e.prot & 4:
                 self._maps_due.add(pid)
         elif e.type == EV_MUNMAP:

@@ -95,7 +95,7 @@ class SnapshotRows(KernelSide):
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
         for pid, start, end, o, _t, _k in self._outstanding():
-            if o.preexisting:
+            if not o.counted:
                 continue
             g = groups[(pid, self._library(pid, o), o.kind)]
             g[0] += end - start
@@ -149,6 +149,8 @@ class SnapshotRows(KernelSide):
         region_rows = []
         stack_origin: dict[tuple[int, int], Origin] = {}
         for pid, start, end, o, t_born in items:
+            if o.kind == "reserve":
+                continue
             lib = self._library(pid, o)
             key = f"{pid}:{o.site:#x}" if not o.preexisting else ""
             if not o.preexisting:
@@ -187,7 +189,7 @@ class SnapshotRows(KernelSide):
             items += [(pid, start, end, o, t_born) for start, end, o, t_born in sp.rows()]
         groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         for _pid, start, end, o, _t in items:
-            if not o.preexisting:
+            if o.counted:
                 g = groups[(self._library(pid, o), o.kind)]
                 g[0] += end - start
                 g[1] += 1
