@@ -10,6 +10,11 @@
  * Processes: `targets` holds the traced tgids; children are added here at fork, so a child is
  * traced from its first syscall.
  *
+ * Heaps: brk (the main heap) and mprotect (glibc's arena heaps grow by making their PROT_NONE reservation
+ * read/write) are sent with a window of the raw user stack (emit_window): user space scans it for return
+ * addresses, the first outside libc/ld.so naming the caller of malloc (leaktrace/probes/bpf/stackscan.py).
+ * These come once per growth of the heap (~128 KiB), not once per malloc.
+ *
  * Attribution: the word at the user stack pointer at syscall entry is the return address into
  * the caller of glibc's syscall()/mmap() wrappers (they set up no frame), which names the
  * calling library even when it has no frame pointers. A frame-pointer user stack is captured
@@ -139,6 +144,36 @@ static __always_inline void emit(struct lt_event *ev)
     if (events.ringbuf_output(ev, sizeof(*ev), flags) != 0)
         count(LT_CNT_LOST);
     else if (sent)
+        *sent += 1;
+}
+
+/* A heap's growth: the event with a window of the raw user stack (struct lt_window_event), reserved in
+ * the ring buffer itself (the window does not fit the BPF stack). Same wake-up batching as emit(). */
+static __always_inline void emit_window(struct lt_event *ev)
+{
+    struct lt_window_event *w = events.ringbuf_reserve(sizeof(struct lt_window_event));
+    if (!w) {
+        count(LT_CNT_LOST);
+        return;
+    }
+    __builtin_memcpy(&w->ev, ev, sizeof(*ev));
+    struct task_struct *task = bpf_get_current_task_btf();
+    char *regs = (char *)bpf_task_pt_regs(task);
+    u64 sp = 0;
+    bpf_probe_read_kernel(&sp, sizeof(sp), regs + LT_REGS_SP_OFF);
+    w->sp = sp;
+    w->len = 0;
+    if (sp && bpf_probe_read_user(w->data, LT_SCAN_BYTES, (void *)sp) == 0)
+        w->len = LT_SCAN_BYTES;
+    else if (sp && bpf_probe_read_user(w->data, LT_SCAN_SMALL, (void *)sp) == 0)
+        w->len = LT_SCAN_SMALL;
+    u32 idx = LT_CNT_SLOW;
+    u64 *sent = counters.lookup(&idx);
+    u64 flags = BPF_RB_NO_WAKEUP;
+    if (sent && (*sent % LT_WAKE_EVERY) == LT_WAKE_EVERY - 1)
+        flags = BPF_RB_FORCE_WAKEUP;
+    events.ringbuf_submit(w, flags);
+    if (sent)
         *sent += 1;
 }
 
@@ -429,7 +464,52 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
     ev.stack_id = p->stack_id;
     ev.result = args->ret;
     pending.delete(&host_tid);
-    emit(&ev);
+    emit_window(&ev);  /* the heap grew (or shrank): who called malloc is in the raw stack */
+    return 0;
+}
+
+/* mprotect: how glibc grows an arena heap (a 64 MiB PROT_NONE reservation, made read/write piece by
+ * piece; no mmap or brk after the first). Rare outside heaps (the loader's RELRO), so every successful
+ * call is sent; those making memory accessible carry a stack window. */
+TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
+{
+    struct lt_ids ids;
+    if (!current_ids(&ids))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    remember(args, &ids, args->start, args->len, 0, 0, 0, args->prot, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
+{
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
+    struct lt_pending *p = pending.lookup(&host_tid);
+    if (!p)
+        return 0;
+    long ret = args->ret;
+    if (is_err(ret)) {
+        count(LT_CNT_FAILED);
+        pending.delete(&host_tid);
+        return 0;
+    }
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_MPROTECT;
+    ev.tgid = p->tgid;
+    ev.tid = p->tid;
+    ev.addr = p->addr;
+    ev.len = page_up(p->len);
+    ev.prot = p->prot;
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = ret;
+    pending.delete(&host_tid);
+    if (ev.prot & 3)  /* PROT_READ | PROT_WRITE */
+        emit_window(&ev);
+    else
+        emit(&ev);
     return 0;
 }
 

@@ -20,6 +20,7 @@
 #define LT_EV_EXEC 6     /* a traced process replaced its address space */
 #define LT_EV_EXIT 7     /* a traced process's last thread exited (group_dead) */
 #define LT_EV_LIBMAP 8   /* a file mapped executable (a library loaded): user space refreshes its maps copy */
+#define LT_EV_MPROTECT 9 /* protection changed (a heap's PROT_NONE reservation committed, or decommitted) */
 
 /* Per-CPU counters (index into the `counters` array). */
 #define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk of the target set */
@@ -89,6 +90,21 @@ struct lt_event {
     __u64 ip;
     __s64 stack_id;
     __s64 result;    /* syscall return value where it matters */
+};
+
+/* Bytes of raw user stack (from the stack pointer at the syscall) sent with the events of a heap's
+ * growth (BRK, MPROTECT making memory accessible): user space scans them for return addresses, which
+ * names the caller of malloc through code without frame pointers (glibc's malloc, stripped libraries).
+ * LT_SCAN_SMALL is the fall-back when the stack's top lies closer than LT_SCAN_BYTES. */
+#define LT_SCAN_BYTES 2048
+#define LT_SCAN_SMALL 256
+
+/* A slow-path event followed by a window of the user stack (ring buffer record, larger than lt_event). */
+struct lt_window_event {
+    struct lt_event ev;
+    __u64 sp;        /* user stack pointer at the syscall: the address of data[0] */
+    __u64 len;       /* bytes of data read (0: the stack could not be read) */
+    __u8 data[LT_SCAN_BYTES];
 };
 
 /* Call-site cache key: one user stack per (process, return address). */

@@ -19,6 +19,7 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, BpfUnavailable, ProcessGone
+from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.probes import HuntContext, HuntOptions
 from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.kernel import KernelRegions
@@ -30,13 +31,16 @@ from leaktrace.probes.bpf.layout import (
     EV_FORK,
     EV_LIBMAP,
     EV_MMAP,
+    EV_MPROTECT,
     EV_MREMAP,
     EV_MUNMAP,
     MREMAP_DONTUNMAP,
     Event,
+    WindowEvent,
 )
 from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.snapshots import SnapshotRows
+from leaktrace.probes.bpf.stackscan import StackScanner
 
 
 def _read_maps(pid: int) -> list[MapEntry] | None:
@@ -82,6 +86,7 @@ class BpfProbe(SnapshotRows):
         self.defines = {"LT_RING_PAGES": 2048, **(defines or {})}
         self.ledger = OutstandingLedger()
         self.symbols = Symbolizer()
+        self.scanner = StackScanner(self.symbols)
         self.lock = threading.RLock()
         self.prog: Any = None
         self.header_kind = ""
@@ -207,7 +212,8 @@ class BpfProbe(SnapshotRows):
 
     # ------------------------------------------------------------------ events
     def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
-        self._queue.append(Event.from_buffer_copy(ct.string_at(data, ct.sizeof(Event))))
+        kind = WindowEvent if size >= ct.sizeof(WindowEvent) else Event
+        self._queue.append(kind.from_buffer_copy(ct.string_at(data, ct.sizeof(kind))))
         # A negative answer ends libbpf's ring_buffer__consume() after this record (already consumed):
         # without it, one consume lasts as long as the target keeps the ring fed — tens of seconds under
         # a steady munmap stream, with the tick blocked behind it.
@@ -221,7 +227,7 @@ class BpfProbe(SnapshotRows):
         if not self._queue:
             return False
         batch, self._queue = self._queue, []
-        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_EXEC, EV_EXIT) for e in batch)
+        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_EXEC, EV_EXIT) for e in batch)
         kmap = self._scan_kernel() if needs_kernel else {}
         taken: set[tuple[int, int]] = set()
         rows = []
@@ -257,7 +263,12 @@ class BpfProbe(SnapshotRows):
             self.ledger.mremap(pid, e.addr, e.len, e.new_addr, e.new_len,
                                dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._origin_of(e, "anon"))
         elif e.type == EV_BRK:
-            self.ledger.brk(pid, e.addr, self._origin_of(e, "heap"))
+            self.ledger.brk(pid, e.addr, self._growth_origin(e, "heap"))
+        elif e.type == EV_MPROTECT:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            # committed by libc (glibc growing an arena heap): the malloc heap; by anything else, its memory
+            kind = "heap" if LIBC_LIBRARY.match(self.symbols.frame(pid, e.ip).library) else "anon"
+            self.ledger.mprotect(pid, e.addr, e.len, e.prot, self._growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
             if _is_process(child):
@@ -280,6 +291,19 @@ class BpfProbe(SnapshotRows):
             self._known.discard(pid)
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
+
+    def _growth_origin(self, e: Event, kind: str) -> Origin:
+        """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
+        found by scanning the event's stack window (the caller of malloc), else the syscall's caller."""
+        o = self._origin_of(e, kind)
+        if not isinstance(e, WindowEvent) or not e.win_len:
+            return o
+        addrs = self.scanner.return_addresses(e.tgid, e.window)
+        caller = self.scanner.caller(e.tgid, addrs)
+        if caller is None:
+            return o
+        self.scanner.chains.setdefault((e.tgid, caller), addrs)
+        return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)

@@ -1,0 +1,124 @@
+"""Stack scanning: return addresses found in a window of raw user stack, without frame pointers or unwind
+tables (what Breakpad does when it has neither).
+
+The kernel half sends, with each growth of a heap (brk of the main heap, mprotect of a glibc arena), the
+bytes above the user stack pointer at the syscall. Every 8-byte word there that points into executable
+code right after a call instruction (``e8 rel32``, or one of the ``ff /2`` indirect forms) is taken as a
+return address, innermost first. The first one outside the C runtime (libc, ld.so: malloc's internals
+and the syscall wrappers) is the code that called malloc — even when that library is stripped and built
+with ``-fomit-frame-pointer``.
+
+A stale word (a return address left by an earlier, deeper call) can pass the test; the innermost frames
+of a growth are glibc's, which keep no foreign code addresses, so in practice the first foreign one is
+the live caller. Addresses resolve through the probe's copies of /proc/PID/maps (:class:`Symbolizer`);
+code bytes are read from the mapped file (or the process's memory for anonymous code).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from leaktrace.memclass import LIBC_LIBRARY
+from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
+
+MAX_FRAMES = 24  # return addresses kept per window
+_LOOKBACK = 7  # the longest call form looked at: ff 94 24 disp32 (call [rsp+disp32])
+
+
+def _modrm_tail(code: bytes, i: int) -> int | None:
+    """Length of the ModRM operand starting at code[i] (ModRM, SIB, displacement), or None."""
+    if i >= len(code):
+        return None
+    modrm = code[i]
+    mod, rm = modrm >> 6, modrm & 7
+    if mod == 3:
+        return 1
+    sib = rm == 4
+    n = 1 + sib
+    if mod == 0:
+        if rm == 5:
+            return 5  # rip-relative disp32
+        if sib:
+            if i + 1 >= len(code):
+                return None
+            if code[i + 1] & 7 == 5:
+                n += 4  # SIB with no base: disp32
+        return n
+    return n + (1 if mod == 1 else 4)
+
+
+def ends_with_call(code: bytes) -> bool:
+    """Do the bytes just before a return address end with a call instruction? ``code`` holds up to
+    :data:`_LOOKBACK` bytes ending at the return address."""
+    n = len(code)
+    if n >= 5 and code[n - 5] == 0xE8:
+        return True
+    for start in range(max(0, n - _LOOKBACK), n - 1):
+        if code[start] != 0xFF or (code[start + 1] >> 3) & 7 != 2:
+            continue
+        tail = _modrm_tail(code, start + 1)
+        if tail is not None and start + 1 + tail == n:
+            return True
+    return False
+
+
+class StackScanner:
+    """Return addresses in raw stack windows, per process, through the probe's maps copies."""
+
+    def __init__(self, symbols: Symbolizer) -> None:
+        self.symbols = symbols
+        self._is_call: dict[tuple[str, int], bool] = {}  # (file, offset of the return address) -> answer
+        # (pid, caller found) -> the return addresses of the first window that named it (the stack shown)
+        self.chains: dict[tuple[int, int], list[int]] = {}
+
+    def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
+        lo = max(m.start, addr - _LOOKBACK)
+        want = addr - lo
+        path = m.path.removesuffix(" (deleted)")
+        try:
+            if path.startswith("/") and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    f.seek(lo - m.start + m.offset)
+                    return f.read(want)
+            with open(f"/proc/{pid}/mem", "rb") as f:
+                f.seek(lo)
+                return f.read(want)
+        except (OSError, ValueError, OverflowError):
+            return b""
+
+    def is_return_address(self, pid: int, addr: int) -> bool:
+        m = self.symbols.mapping(pid, addr)
+        if m is None or "x" not in m.perms:
+            return False
+        key = (m.path or f"{pid}:{m.start:#x}", addr - m.start + m.offset)
+        hit = self._is_call.get(key)
+        if hit is None:
+            code = self._code_before(pid, m, addr)
+            hit = ends_with_call(code)
+            if hit and len(code) >= 5 and code[-5] == 0xE8:
+                # a direct call must land in code: cheap check against data that happens to hold 0xe8
+                target = addr + int.from_bytes(code[-4:], "little", signed=True)
+                hit = self.symbols.is_code(pid, target)
+            if m.path:
+                self._is_call[key] = hit
+        return hit
+
+    def return_addresses(self, pid: int, window: bytes) -> list[int]:
+        """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first."""
+        n = len(window) // 8
+        out: list[int] = []
+        for w in struct.unpack_from(f"<{n}Q", window):
+            if w > 0xFFF and self.is_return_address(pid, w):
+                out.append(w)
+                if len(out) >= MAX_FRAMES:
+                    break
+        return out
+
+    def caller(self, pid: int, addrs: list[int]) -> int | None:
+        """The first return address outside the C runtime and the dynamic loader."""
+        for a in addrs:
+            lib = self.symbols.frame(pid, a).library
+            if lib not in ("?", "[anon]") and not LIBC_LIBRARY.match(lib):
+                return a
+        return None
