@@ -166,6 +166,19 @@ class AddressSpace:
         self._oids.insert(i, oid)
         self._born.insert(i, t_born)
 
+    def grow(self, a: int, b: int, origin: Origin) -> None:
+        """Map [a, b) like :meth:`insert`, but extend the interval ending at ``a`` when it has the same
+        origin (a heap growing page by page stays one interval, born at its first growth)."""
+        if b <= a:
+            return
+        oid = self.origins.intern(origin)
+        self._cut(a, b)
+        i = bisect.bisect_left(self._starts, a)
+        if i > 0 and self._ends[i - 1] == a and self._oids[i - 1] == oid:
+            self._ends[i - 1] = b
+        else:
+            self._put(a, b, oid, origin.t_born)
+
     def insert(self, a: int, b: int, origin: Origin) -> None:
         """Map [a, b): whatever was there is replaced (MAP_FIXED semantics)."""
         if b <= a:

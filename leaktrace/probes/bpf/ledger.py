@@ -123,7 +123,7 @@ class OutstandingLedger:
         for s, e, oid, t in sp._pieces(a, b):
             kind = kinds[oid].kind
             if prot and kind == "reserve":
-                sp.insert(s, e, origin)
+                sp.grow(s, e, origin)
                 moved += e - s
             elif not prot and kind in ("anon", "heap"):
                 sp._put(s, e, self.origins.intern(RESERVE), t)
@@ -218,6 +218,10 @@ class Symbolizer:
 
     def has_maps(self, pid: int) -> bool:
         return pid in self._maps
+
+    def entries(self, pid: int) -> list[MapEntry]:
+        """The kept maps copy of ``pid``, sorted by start (a new list object after each change)."""
+        return self._maps.get(pid, [])
 
     def mapping(self, pid: int, addr: int) -> MapEntry | None:
         starts = self._starts.get(pid)

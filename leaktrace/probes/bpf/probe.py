@@ -19,7 +19,6 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, BpfUnavailable, ProcessGone
-from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.probes import HuntContext, HuntOptions
 from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.kernel import KernelRegions
@@ -267,7 +266,7 @@ class BpfProbe(SnapshotRows):
         elif e.type == EV_MPROTECT:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             # committed by libc (glibc growing an arena heap): the malloc heap; by anything else, its memory
-            kind = "heap" if LIBC_LIBRARY.match(self.symbols.frame(pid, e.ip).library) else "anon"
+            kind = "heap" if self.scanner.in_runtime(pid, e.ip) else "anon"
             self.ledger.mprotect(pid, e.addr, e.len, e.prot, self._growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
@@ -298,11 +297,12 @@ class BpfProbe(SnapshotRows):
         o = self._origin_of(e, kind)
         if not isinstance(e, WindowEvent) or not e.win_len:
             return o
-        addrs = self.scanner.return_addresses(e.tgid, e.window)
-        caller = self.scanner.caller(e.tgid, addrs)
+        window = e.window
+        caller = self.scanner.caller(e.tgid, self.scanner.return_addresses(e.tgid, window, to_caller=True))
         if caller is None:
             return o
-        self.scanner.chains.setdefault((e.tgid, caller), addrs)
+        if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown
+            self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window)
         return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:

@@ -17,7 +17,8 @@ code bytes are read from the mapped file (or the process's memory for anonymous 
 from __future__ import annotations
 
 import os
-import struct
+
+import numpy as np
 
 from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
@@ -71,6 +72,9 @@ class StackScanner:
         self._is_call: dict[tuple[str, int], bool] = {}  # (file, offset of the return address) -> answer
         # (pid, caller found) -> the return addresses of the first window that named it (the stack shown)
         self.chains: dict[tuple[int, int], list[int]] = {}
+        self._ranges: dict[int, tuple[list[MapEntry], np.ndarray, np.ndarray]] = {}
+        self._runtime: dict[str, bool] = {}  # mapped file -> is libc / ld.so
+        self._addr_cache: dict[int, tuple[list[MapEntry], dict[int, tuple[bool, bool | None]]]] = {}
 
     def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
         lo = max(m.start, addr - _LOOKBACK)
@@ -88,6 +92,21 @@ class StackScanner:
             return b""
 
     def is_return_address(self, pid: int, addr: int) -> bool:
+        return self._info(pid, addr)[0]
+
+    def _info(self, pid: int, addr: int) -> tuple[bool, bool | None]:
+        """(is ``addr`` a return address, is it in the C runtime: None outside named files), cached per
+        address and maps copy (a growth's return addresses repeat from one event to the next)."""
+        maps = self.symbols.entries(pid)
+        cache = self._addr_cache.get(pid)
+        if cache is None or cache[0] is not maps or len(cache[1]) > 100_000:
+            cache = self._addr_cache[pid] = (maps, {})
+        hit = cache[1].get(addr)
+        if hit is None:
+            hit = cache[1][addr] = (self._is_return_address(pid, addr), self._runtime_of(pid, addr))
+        return hit
+
+    def _is_return_address(self, pid: int, addr: int) -> bool:
         m = self.symbols.mapping(pid, addr)
         if m is None or "x" not in m.perms:
             return False
@@ -104,21 +123,52 @@ class StackScanner:
                 self._is_call[key] = hit
         return hit
 
-    def return_addresses(self, pid: int, window: bytes) -> list[int]:
-        """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first."""
-        n = len(window) // 8
+    def _code_ranges(self, pid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Starts and ends of the executable mappings of ``pid`` (cached per maps copy)."""
+        maps = self.symbols.entries(pid)
+        hit = self._ranges.get(pid)
+        if hit is None or hit[0] is not maps:
+            code = [m for m in maps if "x" in m.perms]
+            hit = (maps, np.array([m.start for m in code], dtype=np.uint64),
+                   np.array([m.end for m in code], dtype=np.uint64))
+            self._ranges[pid] = hit
+        return hit[1], hit[2]
+
+    def in_runtime(self, pid: int, addr: int) -> bool | None:
+        """Is ``addr`` in libc or ld.so? None when it is in no named file."""
+        return self._info(pid, addr)[1]
+
+    def _runtime_of(self, pid: int, addr: int) -> bool | None:
+        m = self.symbols.mapping(pid, addr)
+        if m is None or not m.path or m.path.startswith("["):
+            return None
+        hit = self._runtime.get(m.path)
+        if hit is None:
+            hit = self._runtime[m.path] = bool(LIBC_LIBRARY.match(os.path.basename(m.path.removesuffix(" (deleted)"))))
+        return hit
+
+    def return_addresses(self, pid: int, window: bytes, to_caller: bool = False) -> list[int]:
+        """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first; with
+        ``to_caller``, up to the first outside the C runtime (see :meth:`caller`)."""
+        starts, ends = self._code_ranges(pid)
+        if not len(starts):
+            return []
+        words = np.frombuffer(window, dtype="<u8", count=len(window) // 8)
+        i = np.searchsorted(starts, words, side="right") - 1
+        code = words[(i >= 0) & (words < ends[np.maximum(i, 0)])]  # words pointing into code, in order
         out: list[int] = []
-        for w in struct.unpack_from(f"<{n}Q", window):
-            if w > 0xFFF and self.is_return_address(pid, w):
+        info = self._info
+        for w in code.tolist():
+            is_ret, runtime = info(pid, w)
+            if is_ret:
                 out.append(w)
-                if len(out) >= MAX_FRAMES:
+                if len(out) >= MAX_FRAMES or (to_caller and runtime is False):
                     break
         return out
 
     def caller(self, pid: int, addrs: list[int]) -> int | None:
         """The first return address outside the C runtime and the dynamic loader."""
         for a in addrs:
-            lib = self.symbols.frame(pid, a).library
-            if lib not in ("?", "[anon]") and not LIBC_LIBRARY.match(lib):
+            if self.in_runtime(pid, a) is False:
                 return a
         return None
