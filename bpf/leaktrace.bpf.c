@@ -13,6 +13,8 @@
  * Heaps: brk (the main heap) and mprotect (glibc's arena heaps grow by making their PROT_NONE reservation
  * read/write) are sent with a window of the raw user stack (emit_window): user space scans it for return
  * addresses, the first outside libc/ld.so naming the caller of malloc (leaktrace/probes/bpf/stackscan.py).
+ * Anonymous mmaps called from libc (its code range per process in `runtime`: malloc's chunks above the mmap
+ * threshold, new arena heaps, thread stacks) take the slow path with a window too.
  * These come once per growth of the heap (~128 KiB), not once per malloc.
  *
  * Attribution: the word at the user stack pointer at syscall entry is the return address into
@@ -83,6 +85,7 @@ BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for *
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 BPF_HASH(pending, u32, struct lt_pending, 65536);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
+BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
 BPF_STACK_TRACE(stacks, LT_MAX_STACKS);
 BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
 BPF_RINGBUF_OUTPUT(events, LT_RING_PAGES);
@@ -175,6 +178,13 @@ static __always_inline void emit_window(struct lt_event *ev)
     events.ringbuf_submit(w, flags);
     if (sent)
         *sent += 1;
+}
+
+/* Is a return address inside the process's libc code (the `runtime` map user space fills)? */
+static __always_inline int called_from_libc(u32 tgid, u64 site)
+{
+    struct lt_range *r = runtime.lookup(&tgid);
+    return r && site >= r->start && site < r->end;
 }
 
 /* The caller as user space numbers it, and as the kernel does. */
@@ -275,7 +285,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     u64 len = page_up(p->len);
     u64 now = bpf_ktime_get_ns();
     int anon = (p->flags & LT_MAP_ANONYMOUS) != 0;
-    if (!(p->flags & LT_MAP_FIXED)) {
+    int from_libc = anon && called_from_libc(tgid, p->site);
+    if (!(p->flags & LT_MAP_FIXED) && !from_libc) {
         /* A plain mmap always returns a range that was free: the kernel can own it outright. */
         struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = (u64)ret};
         struct lt_region r = {};
@@ -320,7 +331,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     ev.stack_id = p->stack_id;
     ev.result = ret;
     pending.delete(&host_tid);
-    emit(&ev);
+    if (from_libc)
+        emit_window(&ev);  /* malloc's own mmap: who called malloc is in the raw stack */
+    else
+        emit(&ev);
     return 0;
 }
 

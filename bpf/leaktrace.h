@@ -107,6 +107,14 @@ struct lt_window_event {
     __u8 data[LT_SCAN_BYTES];
 };
 
+/* The C runtime's code (libc's executable mapping) in one process, set by user space: anonymous mmaps
+ * called from there (malloc's big chunks and new arena heaps, thread stacks) leave the fast path and carry
+ * a stack window, so they are blamed on the library that called malloc, not on libc. */
+struct lt_range {
+    __u64 start;
+    __u64 end;
+};
+
 /* Call-site cache key: one user stack per (process, return address). */
 struct lt_site_key {
     __u32 tgid;

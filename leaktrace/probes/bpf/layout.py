@@ -33,6 +33,12 @@ class Event(ct.Structure):
                 ("stack_id", ct.c_int64), ("result", ct.c_int64)]
 
 
+class Range(ct.Structure):
+    """struct lt_range: libc's code in one process (the `runtime` map)."""
+
+    _fields_ = [("start", ct.c_uint64), ("end", ct.c_uint64)]
+
+
 class WindowEvent(Event):
     """struct lt_window_event: an event followed by a window of the raw user stack (heap growth)."""
 

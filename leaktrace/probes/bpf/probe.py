@@ -35,11 +35,12 @@ from leaktrace.probes.bpf.layout import (
     EV_MUNMAP,
     MREMAP_DONTUNMAP,
     Event,
+    Range,
     WindowEvent,
 )
 from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.snapshots import SnapshotRows
-from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
 
 
 def _read_maps(pid: int) -> list[MapEntry] | None:
@@ -161,6 +162,10 @@ class BpfProbe(SnapshotRows):
         self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
                          t=time.monotonic_ns(),
                          reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
+        libc = libc_code(maps)
+        if libc is not None and self.prog is not None:
+            # anonymous mmaps called from there take the slow path with a stack window (bpf/leaktrace.bpf.c)
+            self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*libc)
 
     def _poll_loop(self) -> None:
         full = False
@@ -250,7 +255,8 @@ class BpfProbe(SnapshotRows):
         pid = e.tgid
         if e.type == EV_MMAP:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
-            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e))
+            o = self._origin_of(e)
+            self.ledger.mmap(pid, e.addr, e.len, self._growth_origin(e, None) if o.kind == "anon" else o)
             if e.fd != (1 << 64) - 1 and e.prot & 4:
                 self._maps_due.add(pid)
         elif e.type == EV_MUNMAP:
@@ -288,17 +294,26 @@ class BpfProbe(SnapshotRows):
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
             self._known.discard(pid)
+            try:
+                del self.prog[b"runtime"][ct.c_uint32(pid)]
+            except (KeyError, TypeError):
+                pass
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
 
-    def _growth_origin(self, e: Event, kind: str) -> Origin:
+    def _growth_origin(self, e: Event, kind: str | None) -> Origin:
         """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
-        found by scanning the event's stack window (the caller of malloc), else the syscall's caller."""
-        o = self._origin_of(e, kind)
+        found by scanning the event's stack window (the caller of malloc), else the syscall's caller.
+        ``kind`` None (an anonymous mmap called from libc): "heap" when malloc & co. made it, else "anon"."""
+        o = self._origin_of(e, kind or "anon")
         if not isinstance(e, WindowEvent) or not e.win_len:
             return o
         window = e.window
-        caller = self.scanner.caller(e.tgid, self.scanner.return_addresses(e.tgid, window, to_caller=True))
+        inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
+        if kind is None:
+            kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"
+            o = self._origin_of(e, kind)
+        caller = self.scanner.caller(e.tgid, inner)
         if caller is None:
             return o
         if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown

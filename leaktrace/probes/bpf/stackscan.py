@@ -23,6 +23,10 @@ import numpy as np
 from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 
+# libc entry points that allocate from malloc's heaps: a growth whose libc frames pass through one is malloc's
+MALLOC_FUNCTIONS = frozenset({"malloc", "calloc", "realloc", "reallocarray", "memalign", "posix_memalign",
+                              "aligned_alloc", "valloc", "pvalloc", "__libc_malloc", "__libc_calloc",
+                              "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc"})
 MAX_FRAMES = 24  # return addresses kept per window
 _LOOKBACK = 7  # the longest call form looked at: ff 94 24 disp32 (call [rsp+disp32])
 
@@ -172,3 +176,21 @@ class StackScanner:
             if self.in_runtime(pid, a) is False:
                 return a
         return None
+
+    def via_malloc(self, pid: int, addrs: list[int]) -> bool:
+        """Do the C-runtime frames of a stack (innermost first) pass through malloc & co.?"""
+        for a in addrs:
+            if self.in_runtime(pid, a) is False:
+                return False
+            if self.symbols.frame(pid, a).symbol in MALLOC_FUNCTIONS:
+                return True
+        return False
+
+
+def libc_code(maps: list[MapEntry]) -> tuple[int, int] | None:
+    """libc's executable mapping (start, end) in a maps listing, if mapped."""
+    for m in maps:
+        name = os.path.basename(m.path)
+        if "x" in m.perms and name.startswith("libc") and LIBC_LIBRARY.match(name):
+            return m.start, m.end
+    return None
