@@ -112,7 +112,14 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     # the same kind (anonymous growth named by the ledger is the same memory).
     covered = {(c.pid, c.kind) for c in ledger} | {(c.pid, k) for c in python
                                                      for k in ("native-mmap", "malloc-heap", "other")}
-    watcher = [c for c in watcher if (c.pid, c.kind) not in covered]
+    # malloc's chunks above the mmap threshold are anonymous mappings to /proc: the ledger's malloc-heap
+    # candidate explains the process's anonymous growth when its rate accounts for it
+    heap_rate: dict[int, float] = {}
+    for c in ledger:
+        if c.kind == "malloc-heap":
+            heap_rate[c.pid] = heap_rate.get(c.pid, 0.0) + c.mb_per_min
+    watcher = [c for c in watcher if (c.pid, c.kind) not in covered
+               and not (c.kind == "native-mmap" and c.mb_per_min <= 1.25 * heap_rate.get(c.pid, -1.0))]
     cands = ledger + python + watcher
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
