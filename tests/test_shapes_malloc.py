@@ -97,6 +97,9 @@ def test_mmapped_malloc_chunks_are_named_by_the_calling_library(spawn, shapes_bi
     rep, log, out = _hunt(spawn, shapes_bin, tmp_path, "malloc", 512, env={"MALLOC_MMAP_THRESHOLD_": "512"})
     _check_heap_culprit(rep, log, out, chunk=4096)
     assert [c["kind"] for c in rep["culprits"]] == ["malloc-heap"], rep["culprits"]
+    # gdb samples mmaps: when one went through the caller, its (DWARF) stack is the second opinion
+    gdb = [e for e in rep["culprits"][0]["evidence"] if e.startswith("gdb")]
+    assert all("libshape.so!shape_malloc_tick" in e for e in gdb), gdb
 
 
 def test_balanced_churn_has_no_malloc_heap_culprit(spawn, shapes_bin, tmp_path):

@@ -137,6 +137,7 @@ def native_culprits(reader: TableSource) -> list[dict[str, Any]]:
             library, split = group_library, []
             what = f"{library} mappings of pid {pid}"
         stack: list[str] = []
+        method = "frame-pointer"
         evidence = [f"eBPF ledger: {int(y[-1]):,} B outstanding in {what} "
                     f"(caller return address at the syscall; raw syscalls included)",
                     f"grew {r.mb_per_min:.2f} MB/min (Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s, "
@@ -154,6 +155,7 @@ def native_culprits(reader: TableSource) -> list[dict[str, Any]]:
                 top = top_sites[0]
                 stack = top["stack"]
                 if top["stack_key"] in scanned:
+                    method = "stack-scan"
                     site = next((f for f in stack if library in f), top["stack_key"])
                     evidence.append(f"{top['regions']} growth(s), {top['outstanding_bytes']:,} B called from {site}: "
                                     f"found by scanning the raw user stack at each growth for return addresses "
@@ -165,6 +167,6 @@ def native_culprits(reader: TableSource) -> list[dict[str, Any]]:
         out.append({"kind": CULPRIT_KINDS[kind], "library": library, "pid": pid,
                     "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
                     "outstanding_bytes": int(y[-1]), "stack": stack, "evidence": evidence,
-                    "confidence": r.confidence, "step": r.step, "sites": top_sites})
+                    "confidence": r.confidence, "step": r.step, "sites": top_sites, "stack_method": method})
     out.sort(key=lambda c: (-c["mb_per_min"], -c["outstanding_bytes"]))
     return out
