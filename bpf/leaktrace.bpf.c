@@ -168,6 +168,8 @@ static __always_inline void emit_window(struct lt_event *ev)
     w->len = 0;
     if (sp && bpf_probe_read_user(w->data, LT_SCAN_BYTES, (void *)sp) == 0)
         w->len = LT_SCAN_BYTES;
+    else if (sp && bpf_probe_read_user(w->data, LT_SCAN_MEDIUM, (void *)sp) == 0)
+        w->len = LT_SCAN_MEDIUM;
     else if (sp && bpf_probe_read_user(w->data, LT_SCAN_SMALL, (void *)sp) == 0)
         w->len = LT_SCAN_SMALL;
     u32 idx = LT_CNT_SLOW;

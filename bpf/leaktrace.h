@@ -95,8 +95,10 @@ struct lt_event {
 /* Bytes of raw user stack (from the stack pointer at the syscall) sent with the events of a heap's
  * growth (BRK, MPROTECT making memory accessible): user space scans them for return addresses, which
  * names the caller of malloc through code without frame pointers (glibc's malloc, stripped libraries).
- * LT_SCAN_SMALL is the fall-back when the stack's top lies closer than LT_SCAN_BYTES. */
-#define LT_SCAN_BYTES 2048
+ * LT_SCAN_MEDIUM and LT_SCAN_SMALL are the fall-backs when the stack's top lies closer than that. 4 KiB
+ * reaches past libc's deeper paths into malloc (stdio's buffers under vfprintf's large frames). */
+#define LT_SCAN_BYTES 4096
+#define LT_SCAN_MEDIUM 1024
 #define LT_SCAN_SMALL 256
 
 /* A slow-path event followed by a window of the user stack (ring buffer record, larger than lt_event). */

@@ -12,7 +12,7 @@ EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 ANON_FD = 0xFFFFFFFF
-SCAN_BYTES = 2048  # LT_SCAN_BYTES
+SCAN_BYTES = 4096  # LT_SCAN_BYTES
 
 
 class RegionKey(ct.Structure):
