@@ -7,7 +7,9 @@ since attach and its rate as the fixture's own bookkeeping says; balanced churn 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +110,39 @@ def test_balanced_churn_has_no_malloc_heap_culprit(spawn, shapes_bin, tmp_path):
     assert [c for c in rep["culprits"] if c["kind"] == "malloc-heap"] == [], rep["culprits"]
     assert rep["verdict"] == "no-leak", rep["culprits"]
     assert abs(rep["ledger"]["outstanding_bytes"]) < 4 * MB
+
+
+def test_arenas_born_under_the_probe(tmp_path):
+    """Arenas created while traced (tests/fixtures/malloc_rounds.c, 2 threads, first round): the 128 MiB
+    PROT_NONE reservations hold nothing, the heap grows by the bytes kept (in 1008-byte chunks, plus at most
+    the top chunk's slack per arena), and the thread stacks glibc commits by mprotect too are anonymous
+    memory of the code that created the threads, not malloc heap."""
+    from fixtures.bpf_harness import Traced
+    from fixtures.build import build
+
+    exe = build("malloc_rounds", ["malloc_rounds.c"], ldflags=["-lpthread"])
+    work = subprocess.Popen([str(exe), "4000000", "1024", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert work.stdout is not None and work.stdin is not None
+        assert work.stdout.readline().startswith("ready")
+        traced = Traced(tmp_path / "s", [work.pid])
+        work.stdin.write("go\n")
+        work.stdin.flush()
+        kept = int(work.stdout.readline().split()[2])
+        time.sleep(0.3)
+        traced.tick()
+        reader = traced.stop()
+    finally:
+        work.kill()
+        work.wait()
+    snaps = reader.table("ledger_snapshots")
+    last = snaps[snaps["t"] == snaps["t"].max()]
+    by_kind = last.groupby("kind")["outstanding_bytes"].sum().to_dict()
+    assert set(last["library"]) == {"malloc_rounds"}, last
+    heap = by_kind.get("heap", 0)
+    assert kept * CHUNK / BLOCK <= heap <= kept * CHUNK / BLOCK + 2 * 256 * 1024, (heap, kept)
+    # two 8 MiB thread stacks (glibc's default, less the guard page), nothing of the reservations
+    assert 2 * 8 * MB - 2 * 64 * 1024 <= by_kind.get("anon", 0) <= 2 * 8 * MB + 2 * 64 * 1024, by_kind
+    events = reader.table("bpf_events")
+    assert (events["type"] == "mprotect").sum() > 0

@@ -271,8 +271,9 @@ class BpfProbe(SnapshotRows):
             self.ledger.brk(pid, e.addr, self._growth_origin(e, "heap"))
         elif e.type == EV_MPROTECT:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
-            # committed by libc (glibc growing an arena heap): the malloc heap; by anything else, its memory
-            kind = "heap" if self.scanner.in_runtime(pid, e.ip) else "anon"
+            # committed by libc's malloc (growing an arena heap): the malloc heap; by libc otherwise (a thread
+            # stack) or by anything else: anonymous memory of the caller
+            kind = None if self.scanner.in_runtime(pid, e.ip) else "anon"
             self.ledger.mprotect(pid, e.addr, e.len, e.prot, self._growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
@@ -304,7 +305,8 @@ class BpfProbe(SnapshotRows):
     def _growth_origin(self, e: Event, kind: str | None) -> Origin:
         """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
         found by scanning the event's stack window (the caller of malloc), else the syscall's caller.
-        ``kind`` None (an anonymous mmap called from libc): "heap" when malloc & co. made it, else "anon"."""
+        ``kind`` None (an anonymous mmap or mprotect made by libc): "heap" when malloc & co. made it, else
+        "anon"."""
         o = self._origin_of(e, kind or "anon")
         if not isinstance(e, WindowEvent) or not e.win_len:
             return o

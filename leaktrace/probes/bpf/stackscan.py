@@ -79,6 +79,7 @@ class StackScanner:
         self._ranges: dict[int, tuple[list[MapEntry], np.ndarray, np.ndarray]] = {}
         self._runtime: dict[str, bool] = {}  # mapped file -> is libc / ld.so
         self._addr_cache: dict[int, tuple[list[MapEntry], dict[int, tuple[bool, bool | None]]]] = {}
+        self._malloc_addr: dict[tuple[int, int], bool] = {}  # (pid, libc return address) -> in malloc & co.
 
     def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
         lo = max(m.start, addr - _LOOKBACK)
@@ -180,10 +181,17 @@ class StackScanner:
     def via_malloc(self, pid: int, addrs: list[int]) -> bool:
         """Do the C-runtime frames of a stack (innermost first) pass through malloc & co.?"""
         for a in addrs:
-            if self.in_runtime(pid, a) is False:
+            runtime = self.in_runtime(pid, a)
+            if runtime is False:
                 return False
-            if self.symbols.frame(pid, a).symbol in MALLOC_FUNCTIONS:
-                return True
+            if runtime:
+                hit = self._malloc_addr.get((pid, a))
+                if hit is None:
+                    if len(self._malloc_addr) > 100_000:
+                        self._malloc_addr.clear()
+                    hit = self._malloc_addr[(pid, a)] = self.symbols.frame(pid, a).symbol in MALLOC_FUNCTIONS
+                if hit:
+                    return True
         return False
 
 
