@@ -38,7 +38,7 @@
  * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
- * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO.
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO.
  */
 #include "leaktrace.h"
 
@@ -53,6 +53,9 @@
 #endif
 #ifndef LT_RING_PAGES
 #define LT_RING_PAGES 1024
+#endif
+#ifndef LT_WINDOW_EVERY_NS
+#define LT_WINDOW_EVERY_NS 1000000  /* contiguous mprotect commits of a thread: one stack window per ms */
 #endif
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
@@ -86,6 +89,12 @@ BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 BPF_HASH(pending, u32, struct lt_pending, 65536);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
+/* A thread's last mprotect commit: where it ended, and when the last one with a stack window was sent. */
+struct lt_commit {
+    u64 window_seq;
+    u64 end;
+};
+BPF_TABLE("lru_hash", u32, struct lt_commit, last_commit, 65536);  /* host tid -> its last commit */
 BPF_STACK_TRACE(stacks, LT_MAX_STACKS);
 BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
 BPF_RINGBUF_OUTPUT(events, LT_RING_PAGES);
@@ -522,10 +531,22 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
     ev.stack_id = p->stack_id;
     ev.result = ret;
     pending.delete(&host_tid);
-    if (ev.prot & 3)  /* PROT_READ | PROT_WRITE */
-        emit_window(&ev);
-    else
+    if (!(ev.prot & 3)) {  /* neither PROT_READ nor PROT_WRITE: nothing is committed */
         emit(&ev);
+        return 0;
+    }
+    /* An arena grows page by page (thousands of calls a second under a fast leak): a commit that continues
+     * the thread's previous one, within LT_WINDOW_EVERY_NS of its last window, goes without a window; user
+     * space gives it to the growth it continues. */
+    struct lt_commit *last = last_commit.lookup(&host_tid);
+    if (last && last->end == ev.addr && ev.seq - last->window_seq < LT_WINDOW_EVERY_NS) {
+        last->end = ev.addr + ev.len;
+        emit(&ev);
+        return 0;
+    }
+    struct lt_commit now = {.window_seq = ev.seq, .end = ev.addr + ev.len};
+    last_commit.update(&host_tid, &now);
+    emit_window(&ev);
     return 0;
 }
 

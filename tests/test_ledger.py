@@ -216,3 +216,15 @@ def test_seeded_reservation_and_plain_mprotect() -> None:
     assert led.mprotect(1, 1000 * P, 4 * P, 3, H) == 0  # pre-existing memory stays pre-existing
     assert led.mprotect(1, 2000 * P, 4 * P, 1, H) == 0  # RELRO of a library: nothing moves
     assert led.totals(1).outstanding_bytes == 4 * P
+
+
+def test_growth_without_a_window_continues_the_memory_below() -> None:
+    led = OutstandingLedger()
+    led.mmap(1, 1000 * P, 64 * P, Origin("reserve"))
+    led.mprotect(1, 1000 * P, P, 3, H)
+    cont = led.origin_before(1, 1001 * P)
+    assert cont is not None and cont.site == H.site
+    led.mprotect(1, 1001 * P, P, 3, cont)
+    assert spans(led)[0] == (1000, 1002, 0x3000) and len(led.intervals(1)) == 2  # one heap interval + the rest
+    assert led.origin_before(1, 1010 * P) is None  # reserved below: nothing to continue
+    assert led.origin_before(2, 1000 * P) is None

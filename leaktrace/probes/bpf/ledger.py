@@ -130,6 +130,15 @@ class OutstandingLedger:
                 moved -= e - s
         return moved
 
+    def origin_before(self, pid: int, addr: int) -> Origin | None:
+        """The origin of counted memory ending right at ``addr`` (what a heap growing from there continues)."""
+        sp = self.spaces.get(pid)
+        pieces = sp._pieces(addr - 1, addr) if sp is not None and addr else []
+        if not pieces:
+            return None
+        o = self.origins.origins[pieces[0][2]]
+        return o if o.kind in ("heap", "anon") else None
+
     def exec(self, pid: int) -> None:
         """The address space was replaced: everything before is gone."""
         self.space(pid).clear()

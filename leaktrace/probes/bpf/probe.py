@@ -274,7 +274,9 @@ class BpfProbe(SnapshotRows):
             # committed by libc's malloc (growing an arena heap): the malloc heap; by libc otherwise (a thread
             # stack) or by anything else: anonymous memory of the caller
             kind = None if self.scanner.in_runtime(pid, e.ip) else "anon"
-            self.ledger.mprotect(pid, e.addr, e.len, e.prot, self._growth_origin(e, kind))
+            # no stack window (rate-limited in the kernel): the growth continues the memory just below it
+            cont = None if isinstance(e, WindowEvent) else self.ledger.origin_before(pid, e.addr)
+            self.ledger.mprotect(pid, e.addr, e.len, e.prot, cont or self._growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
             if _is_process(child):
