@@ -10,6 +10,13 @@
  * Processes: `targets` holds the traced tgids; children are added here at fork, so a child is
  * traced from its first syscall.
  *
+ * Heaps: brk (the main heap) and mprotect (glibc's arena heaps grow by making their PROT_NONE reservation
+ * read/write) are sent with a window of the raw user stack (emit_window): user space scans it for return
+ * addresses, the first outside libc/ld.so naming the caller of malloc (leaktrace/probes/bpf/stackscan.py).
+ * Anonymous mmaps called from libc (its code range per process in `runtime`: malloc's chunks above the mmap
+ * threshold, new arena heaps, thread stacks) take the slow path with a window too.
+ * These come once per growth of the heap (~128 KiB), not once per malloc.
+ *
  * Attribution: the word at the user stack pointer at syscall entry is the return address into
  * the caller of glibc's syscall()/mmap() wrappers (they set up no frame), which names the
  * calling library even when it has no frame pointers. A frame-pointer user stack is captured
@@ -31,7 +38,7 @@
  * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
- * LT_RING_PAGES, LT_WAKE_EVERY, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
  * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim).
  *
  * How a process ended: at sched_process_exit the kernel has already stored the wait status in
@@ -52,6 +59,9 @@
 #endif
 #ifndef LT_RING_PAGES
 #define LT_RING_PAGES 1024
+#endif
+#ifndef LT_WINDOW_EVERY_NS
+#define LT_WINDOW_EVERY_NS 1000000  /* contiguous mprotect commits of a thread: one stack window per ms */
 #endif
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
@@ -84,6 +94,13 @@ BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for *
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 BPF_HASH(pending, u32, struct lt_pending, 65536);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
+BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
+/* A thread's last mprotect commit: where it ended, and when the last one with a stack window was sent. */
+struct lt_commit {
+    u64 window_seq;
+    u64 end;
+};
+BPF_TABLE("lru_hash", u32, struct lt_commit, last_commit, 65536);  /* host tid -> its last commit */
 BPF_STACK_TRACE(stacks, LT_MAX_STACKS);
 BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
 /* host pid (the thread the OOM killer marked) -> bpf_ktime_get_ns() of the mark; any process's, bounded */
@@ -148,6 +165,45 @@ static __always_inline void emit(struct lt_event *ev)
         count(LT_CNT_LOST);
     else if (sent)
         *sent += 1;
+}
+
+/* A heap's growth: the event with a window of the raw user stack (struct lt_window_event), reserved in
+ * the ring buffer itself (the window does not fit the BPF stack). Same wake-up batching as emit(). */
+static __always_inline void emit_window(struct lt_event *ev)
+{
+    struct lt_window_event *w = events.ringbuf_reserve(sizeof(struct lt_window_event));
+    if (!w) {
+        count(LT_CNT_LOST);
+        return;
+    }
+    __builtin_memcpy(&w->ev, ev, sizeof(*ev));
+    struct task_struct *task = bpf_get_current_task_btf();
+    char *regs = (char *)bpf_task_pt_regs(task);
+    u64 sp = 0;
+    bpf_probe_read_kernel(&sp, sizeof(sp), regs + LT_REGS_SP_OFF);
+    w->sp = sp;
+    w->len = 0;
+    if (sp && bpf_probe_read_user(w->data, LT_SCAN_BYTES, (void *)sp) == 0)
+        w->len = LT_SCAN_BYTES;
+    else if (sp && bpf_probe_read_user(w->data, LT_SCAN_MEDIUM, (void *)sp) == 0)
+        w->len = LT_SCAN_MEDIUM;
+    else if (sp && bpf_probe_read_user(w->data, LT_SCAN_SMALL, (void *)sp) == 0)
+        w->len = LT_SCAN_SMALL;
+    u32 idx = LT_CNT_SLOW;
+    u64 *sent = counters.lookup(&idx);
+    u64 flags = BPF_RB_NO_WAKEUP;
+    if (sent && (*sent % LT_WAKE_EVERY) == LT_WAKE_EVERY - 1)
+        flags = BPF_RB_FORCE_WAKEUP;
+    events.ringbuf_submit(w, flags);
+    if (sent)
+        *sent += 1;
+}
+
+/* Is a return address inside the process's libc code (the `runtime` map user space fills)? */
+static __always_inline int called_from_libc(u32 tgid, u64 site)
+{
+    struct lt_range *r = runtime.lookup(&tgid);
+    return r && site >= r->start && site < r->end;
 }
 
 /* The caller as user space numbers it, and as the kernel does. */
@@ -248,7 +304,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     u64 len = page_up(p->len);
     u64 now = bpf_ktime_get_ns();
     int anon = (p->flags & LT_MAP_ANONYMOUS) != 0;
-    if (!(p->flags & LT_MAP_FIXED)) {
+    int from_libc = anon && called_from_libc(tgid, p->site);
+    if (!(p->flags & LT_MAP_FIXED) && !from_libc) {
         /* A plain mmap always returns a range that was free: the kernel can own it outright. */
         struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = (u64)ret};
         struct lt_region r = {};
@@ -293,7 +350,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     ev.stack_id = p->stack_id;
     ev.result = ret;
     pending.delete(&host_tid);
-    emit(&ev);
+    if (from_libc)
+        emit_window(&ev);  /* malloc's own mmap: who called malloc is in the raw stack */
+    else
+        emit(&ev);
     return 0;
 }
 
@@ -437,7 +497,64 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
     ev.stack_id = p->stack_id;
     ev.result = args->ret;
     pending.delete(&host_tid);
-    emit(&ev);
+    emit_window(&ev);  /* the heap grew (or shrank): who called malloc is in the raw stack */
+    return 0;
+}
+
+/* mprotect: how glibc grows an arena heap (a 64 MiB PROT_NONE reservation, made read/write piece by
+ * piece; no mmap or brk after the first). Rare outside heaps (the loader's RELRO), so every successful
+ * call is sent; those making memory accessible carry a stack window. */
+TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
+{
+    struct lt_ids ids;
+    if (!current_ids(&ids))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    remember(args, &ids, args->start, args->len, 0, 0, 0, args->prot, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
+{
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
+    struct lt_pending *p = pending.lookup(&host_tid);
+    if (!p)
+        return 0;
+    long ret = args->ret;
+    if (is_err(ret)) {
+        count(LT_CNT_FAILED);
+        pending.delete(&host_tid);
+        return 0;
+    }
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_MPROTECT;
+    ev.tgid = p->tgid;
+    ev.tid = p->tid;
+    ev.addr = p->addr;
+    ev.len = page_up(p->len);
+    ev.prot = p->prot;
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = ret;
+    pending.delete(&host_tid);
+    if (!(ev.prot & 3)) {  /* neither PROT_READ nor PROT_WRITE: nothing is committed */
+        emit(&ev);
+        return 0;
+    }
+    /* An arena grows page by page (thousands of calls a second under a fast leak): a commit that continues
+     * the thread's previous one, within LT_WINDOW_EVERY_NS of its last window, goes without a window; user
+     * space gives it to the growth it continues. */
+    struct lt_commit *last = last_commit.lookup(&host_tid);
+    if (last && last->end == ev.addr && ev.seq - last->window_seq < LT_WINDOW_EVERY_NS) {
+        last->end = ev.addr + ev.len;
+        emit(&ev);
+        return 0;
+    }
+    struct lt_commit now = {.window_seq = ev.seq, .end = ev.addr + ev.len};
+    last_commit.update(&host_tid, &now);
+    emit_window(&ev);
     return 0;
 }
 

@@ -22,6 +22,7 @@
                           * status (task->exit_code: status << 8, or the signal | 0x80 with a core dump),
                           * flags holds LT_EXIT_* bits */
 #define LT_EV_LIBMAP 8   /* a file mapped executable (a library loaded): user space refreshes its maps copy */
+#define LT_EV_MPROTECT 9 /* protection changed (a heap's PROT_NONE reservation committed, or decommitted) */
 
 /* EXIT event flags (lt_event.flags). */
 #define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */
@@ -95,6 +96,31 @@ struct lt_event {
     __u64 ip;
     __s64 stack_id;
     __s64 result;    /* syscall return value where it matters */
+};
+
+/* Bytes of raw user stack (from the stack pointer at the syscall) sent with the events of a heap's
+ * growth (BRK, MPROTECT making memory accessible): user space scans them for return addresses, which
+ * names the caller of malloc through code without frame pointers (glibc's malloc, stripped libraries).
+ * LT_SCAN_MEDIUM and LT_SCAN_SMALL are the fall-backs when the stack's top lies closer than that. 4 KiB
+ * reaches past libc's deeper paths into malloc (stdio's buffers under vfprintf's large frames). */
+#define LT_SCAN_BYTES 4096
+#define LT_SCAN_MEDIUM 1024
+#define LT_SCAN_SMALL 256
+
+/* A slow-path event followed by a window of the user stack (ring buffer record, larger than lt_event). */
+struct lt_window_event {
+    struct lt_event ev;
+    __u64 sp;        /* user stack pointer at the syscall: the address of data[0] */
+    __u64 len;       /* bytes of data read (0: the stack could not be read) */
+    __u8 data[LT_SCAN_BYTES];
+};
+
+/* The C runtime's code (libc's executable mapping) in one process, set by user space: anonymous mmaps
+ * called from there (malloc's big chunks and new arena heaps, thread stacks) leave the fast path and carry
+ * a stack window, so they are blamed on the library that called malloc, not on libc. */
+struct lt_range {
+    __u64 start;
+    __u64 end;
 };
 
 /* Call-site cache key: one user stack per (process, return address). */

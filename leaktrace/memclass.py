@@ -12,6 +12,8 @@ CLASSES = ("heap", "arena", "anon", "stack", "shm", "file", "lib", "driver", "sp
 _LIB_RE = re.compile(r"\.so(\.[0-9.]+)?( \(deleted\))?$|\.so[.-]")
 _DRIVER_PREFIXES = ("/dev/nvidia", "/dev/infiniband", "/dev/dri", "/dev/kfd", "/dev/accel", "/dev/hugepages", "/dev/uverbs", "/dev/gdrdrv", "/dev/xpmem", "/dev/knem", "anon_inode:")
 _SPECIAL = {"[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]", "[uprobes]"}
+# The C runtime and the dynamic loader: never "the library that allocated" (malloc, mmap, brk wrappers).
+LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
 _ARENA_ALIGN = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit: arenas are 64 MiB-aligned reservations
 
 

@@ -204,3 +204,41 @@ def test_symbolizer_keeps_maps_after_exit_and_reads_elf(tmp_path) -> None:
     shutil.copy(so, stripped)
     subprocess.run(["strip", "--strip-all", str(stripped)], check=True)
     assert {"f", "g"} <= {s[2] for s in read_elf_symbols(str(stripped)).syms}  # .dynsym survives
+
+
+def test_arena_reservation_is_committed_by_mprotect() -> None:
+    """glibc's arena heaps: a PROT_NONE reservation holds nothing; mprotect read/write commits pieces of it
+    to the caller that grew the heap; PROT_NONE again gives them back; munmap removes the rest."""
+    led = OutstandingLedger()
+    led.mmap(1, 1000 * P, 64 * P, Origin("reserve"))
+    assert led.totals(1).outstanding_bytes == 0
+    assert led.mprotect(1, 1000 * P, 2 * P, 3, H) == 2 * P
+    assert led.mprotect(1, 1002 * P, P, 3, A) == P
+    assert led.mprotect(1, 1000 * P, 3 * P, 3, B) == 0  # already committed: the first committer keeps it
+    assert spans(led)[:2] == [(1000, 1002, 0x3000), (1002, 1003, 0x1000)]
+    assert led.totals(1).outstanding_bytes == 3 * P
+    assert led.mprotect(1, 1001 * P, 2 * P, 0, H) == -2 * P  # decommitted (heap shrunk with overcommit 2)
+    assert led.totals(1).outstanding_bytes == P
+    led.munmap(1, 1000 * P, 64 * P)
+    assert led.intervals(1) == []
+
+
+def test_seeded_reservation_and_plain_mprotect() -> None:
+    led = OutstandingLedger()
+    led.seed(1, [(1000 * P, 1064 * P, ""), (2000 * P, 2004 * P, "/lib/x.so")], reserved=[(1010 * P, 1064 * P)])
+    assert led.mprotect(1, 1010 * P, 4 * P, 3, H) == 4 * P  # the arena grows past what it had at attach
+    assert led.mprotect(1, 1000 * P, 4 * P, 3, H) == 0  # pre-existing memory stays pre-existing
+    assert led.mprotect(1, 2000 * P, 4 * P, 1, H) == 0  # RELRO of a library: nothing moves
+    assert led.totals(1).outstanding_bytes == 4 * P
+
+
+def test_growth_without_a_window_continues_the_memory_below() -> None:
+    led = OutstandingLedger()
+    led.mmap(1, 1000 * P, 64 * P, Origin("reserve"))
+    led.mprotect(1, 1000 * P, P, 3, H)
+    cont = led.origin_before(1, 1001 * P)
+    assert cont is not None and cont.site == H.site
+    led.mprotect(1, 1001 * P, P, 3, cont)
+    assert spans(led)[0] == (1000, 1002, 0x3000) and len(led.intervals(1)) == 2  # one heap interval + the rest
+    assert led.origin_before(1, 1010 * P) is None  # reserved below: nothing to continue
+    assert led.origin_before(2, 1000 * P) is None

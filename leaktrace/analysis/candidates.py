@@ -13,6 +13,7 @@ import pandas as pd
 from leaktrace.analysis.growth import MB, class_rate_table
 from leaktrace.analysis.ledger import native_culprits
 from leaktrace.analysis.pyobjects import explains, names_other_library, type_evidence
+from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
 from leaktrace.vllm.labels import LABELS, classify_argv
 
@@ -34,7 +35,6 @@ KIND_OF_CLASS = {"anon": "native-mmap", "arena": "malloc-heap", "heap": "malloc-
                  "file": "file", "driver": "other", "stack": "other", "lib": "file", "other": "other"}
 _PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
 _LIB_IN_FRAME = re.compile(r"([A-Za-z0-9_.+-]+\.so(?:[.-][A-Za-z0-9_.-]*)?)")
-LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
 
 
 

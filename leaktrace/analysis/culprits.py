@@ -129,8 +129,15 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     for c in ledger:
         ledger_rate[(c.pid, c.kind)] = ledger_rate.get((c.pid, c.kind), 0.0) + c.mb_per_min
     python_covered = {(c.pid, k) for c in python for k in ("native-mmap", "malloc-heap", "other")}
+    # malloc's chunks above the mmap threshold are anonymous mappings to /proc: the ledger's malloc-heap
+    # candidate explains the process's anonymous growth when its rate accounts for it
+    heap_rate: dict[int, float] = {}
+    for c in ledger:
+        if c.kind == "malloc-heap":
+            heap_rate[c.pid] = heap_rate.get(c.pid, 0.0) + c.mb_per_min
     watcher = [c for c in watcher if (c.pid, c.kind) not in python_covered
-               and ledger_rate.get((c.pid, c.kind), 0.0) < COVERED_SHARE * c.mb_per_min]
+               and ledger_rate.get((c.pid, c.kind), 0.0) < COVERED_SHARE * c.mb_per_min
+               and not (c.kind == "native-mmap" and c.mb_per_min <= 1.25 * heap_rate.get(c.pid, -1.0))]
     cands = ledger + python + watcher
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
@@ -194,9 +201,14 @@ def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[
     if "gdb_samples" not in reader.tables():
         return
     for c in cands:
+        # a stack found by scanning the raw stack: matched on its caller frame (its libc frames are
+        # unnamed offsets, its tail may hold stale words), and gdb's unwound stack replaces it
+        scanned = c.extra.get("stack_method") == "stack-scan"
+        site = next((f for f in c.stack if c.library and f.startswith(c.library)), None) if scanned \
+            else (c.stack[1] if len(c.stack) >= 2 else None)
         try:
-            if len(c.stack) >= 2:
-                matching = _gdb_stacks_through(reader, c.pid, c.stack[1])
+            if site is not None:
+                matching = _gdb_stacks_through(reader, c.pid, site)
                 if not matching:
                     continue
                 counts: dict[tuple[str, ...], int] = {}
@@ -212,9 +224,12 @@ def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[
             # gdb unwinds with DWARF: through the same call site its stack beats the frame-pointer walk,
             # whose tail past a function built without frame pointers is noise ("?@0x…").
             known = [f for f in c.stack if not f.startswith("?@")]
-            if len(frames) >= len(known):
+            if scanned or len(frames) >= len(known):
                 c.extra["ledger_stack"] = c.stack
                 c.stack = frames
-            c.evidence.append("gdb sampled this call path at the mmap syscall: " + " ← ".join(frames[:6]))
+            shown = frames[max(0, frames.index(site) - 2):] if scanned and site in frames else frames
+            c.evidence.append(("gdb (DWARF unwinding) confirms the caller found by the stack scan, at the mmap "
+                               "syscall: " if scanned else "gdb sampled this call path at the mmap syscall: ")
+                              + " ← ".join(shown[:6]))
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.growth import MB, Rate, rate
+from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
 from leaktrace.slope import theil_sen
 
@@ -63,12 +64,16 @@ def ledger_summary(reader: TableSource) -> dict[str, Any]:
     return out
 
 
-def _series(snaps: pd.DataFrame, ticks: np.ndarray, pid: int, library: str, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """Outstanding bytes of (pid, library, kind) at every tick of the pid's life (absent = 0)."""
+def _series(snaps: pd.DataFrame, ticks: np.ndarray, pid: int, library: str | None, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Outstanding bytes of (pid, library, kind) at every tick of the pid's life (absent = 0); library None:
+    all libraries."""
     mine = snaps[snaps["pid"] == pid]
     lo, hi = mine["t"].min(), mine["t"].max()
     grid = ticks[(ticks >= lo) & (ticks <= hi)]
-    g = mine[(mine["library"] == library) & (mine["kind"] == kind)].set_index("t")["outstanding_bytes"]
+    sel = mine["kind"] == kind
+    if library is not None:
+        sel &= mine["library"] == library
+    g = mine[sel].set_index("t")["outstanding_bytes"]
     g = g.groupby(level=0).sum()
     y = g.reindex(grid, fill_value=0).to_numpy(dtype=float)
     return grid, y
@@ -77,15 +82,18 @@ def _series(snaps: pd.DataFrame, ticks: np.ndarray, pid: int, library: str, kind
 BIRTH_STEP_S = 0.25  # grid of the birth-time series of a short-lived process
 
 
-def _birth_series(regions: pd.DataFrame, pid: int, library: str, kind: str, t_start: float,
+def _birth_series(regions: pd.DataFrame, pid: int, library: str | None, kind: str, t_start: float,
                   t_exit: float) -> tuple[np.ndarray, np.ndarray, int] | None:
     """What a process held at its exit, by birth time: bytes born by each instant of a regular grid from the
     start of tracing to the exit (the growth of what it still held then: memory mapped and freed before is
-    not in it). (grid, bytes, regions), or None when it held nothing of (library, kind) or lived < 1 s."""
+    not in it). (grid, bytes, regions), or None when it held nothing of (library, kind) or lived < 1 s.
+    library None: every library (the malloc heap is judged whole)."""
     if regions.empty or "at_exit" not in regions or t_exit - t_start < 1.0:
         return None
-    mine = regions[(regions["pid"] == pid) & (regions["library"] == library) & (regions["kind"] == kind)
-                   & regions["at_exit"].astype(bool) & ~regions["preexisting"].astype(bool)]
+    sel = (regions["pid"] == pid) & (regions["kind"] == kind)
+    if library is not None:
+        sel &= regions["library"] == library
+    mine = regions[sel & regions["at_exit"].astype(bool) & ~regions["preexisting"].astype(bool)]
     if mine.empty:
         return None
     mine = mine.sort_values("t_born")
@@ -105,6 +113,35 @@ def stack_frames(reader: TableSource) -> dict[str, list[str]]:
     return {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
 
 
+def _groups(snaps: pd.DataFrame) -> list[tuple[int, str | None, str]]:
+    """(pid, library, kind) to judge: anonymous mappings per library; the malloc heap per process, whole
+    (one pool: the libraries it records are the callers of malloc sampled at its growth)."""
+    out: list[tuple[int, str | None, str]] = []
+    for (pid, library, kind), _g in snaps.groupby(["pid", "library", "kind"]):
+        if kind == "anon":
+            out.append((int(pid), str(library), "anon"))
+    for pid in sorted(snaps.loc[snaps["kind"] == "heap", "pid"].unique()):
+        out.append((int(pid), None, "heap"))
+    return out
+
+
+def _heap_callers(mine: pd.DataFrame, snaps: pd.DataFrame, pid: int) -> tuple[str, list[str]]:
+    """The library named for a process's heap growth (the first caller outside the C runtime with the most
+    bytes, else the top one) and the evidence of the split between callers."""
+    if not mine.empty:
+        by_lib = mine.groupby("library")["size"].sum().sort_values(ascending=False)
+    else:
+        last = _last_tick(snaps[(snaps["pid"] == pid) & (snaps["kind"] == "heap")])
+        by_lib = last.groupby("library")["outstanding_bytes"].sum().sort_values(ascending=False)
+    libs = [str(k) for k in by_lib.index]
+    foreign = [lib for lib in libs if not LIBC_LIBRARY.match(lib)]
+    library = (foreign or libs or ["?"])[0]
+    total = float(by_lib.sum()) or 1.0
+    split = ", ".join(f"{lib} {v / total:.0%} ({int(v):,} B)" for lib, v in by_lib.head(4).items())
+    return library, [f"the heap's growth by the caller of malloc at each growth (brk of the main heap, mprotect "
+                     f"of arena heaps, weighted by the bytes it grew): {split}"] if len(libs) > 1 else []
+
+
 def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[str, Any]]:
     """Growing (pid, library, kind) of the ledger. A process that exited after less than ``min_span_s`` of
     tracing is rated from what exists (its snapshots; with only two, its growth over its life, the birth
@@ -119,22 +156,24 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                                       counters["t"].to_numpy(dtype=float) if not counters.empty else []]))
     regions = reader.table("ledger_regions")
     frames = stack_frames(reader)
+    stacks = reader.table("bpf_stacks") if "bpf_stacks" in reader.tables() else pd.DataFrame()
+    scanned: set[str] = set()
+    if not stacks.empty and "method" in stacks:
+        scanned = set(stacks.loc[stacks["method"] == "stack-scan", "stack_key"].astype(str))
     lost = int(counters.sort_values("t").iloc[-1].get("lost_events", 0)) if not counters.empty else 0
     out: list[dict[str, Any]] = []
-    for (pid, library, kind), _g in snaps.groupby(["pid", "library", "kind"]):
-        if kind not in CULPRIT_KINDS:
-            continue
-        t, y = _series(snaps, ticks, int(pid), str(library), str(kind))
+    for pid, group_library, kind in _groups(snaps):
+        t, y = _series(snaps, ticks, pid, group_library, kind)
         if not len(t) or y[-1] <= 0:
             continue
-        short = int(pid) in exit_t and t[-1] - t[0] < min_span_s
+        short = pid in exit_t and t[-1] - t[0] < min_span_s
         if len(t) >= 3:
             r = rate(t, y, warmup_s=0.0)
             how = f"Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s"
         elif short and len(t) == 2 and t[1] > t[0]:
             # Two snapshots (attach, exit): the growth over its traced life; the birth times of what it
             # held at exit say whether that growth was steady.
-            births = _birth_series(regions, int(pid), str(library), str(kind), float(t[0]), float(t[1]))
+            births = _birth_series(regions, pid, group_library, kind, float(t[0]), float(t[1]))
             conf = theil_sen(births[0], births[1])[1] if births is not None else 0.0
             r = Rate((y[1] - y[0]) / (t[1] - t[0]), conf, 2, float(t[1] - t[0]), rise=float(y[1] - y[0]))
             how = (f"growth between its first snapshot and its exit, {r.span_s:.1f} s; confidence from the birth "
@@ -143,10 +182,20 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
             continue
         if r.per_s <= 0:
             continue
+        mine = pd.DataFrame()
+        if not regions.empty:
+            mine = regions[(regions["pid"] == pid) & (regions["kind"] == kind) & ~regions["preexisting"].astype(bool)]
+        if group_library is None:
+            library, split = _heap_callers(mine, snaps, pid)
+            what = f"the malloc heap of pid {pid} (grown since attach)"
+        else:
+            library, split = group_library, []
+            what = f"{library} mappings of pid {pid}"
         stack: list[str] = []
-        evidence = [f"eBPF ledger: {int(y[-1]):,} B outstanding in {library} mappings of pid {pid} "
+        method = "frame-pointer"
+        evidence = [f"eBPF ledger: {int(y[-1]):,} B outstanding in {what} "
                     f"(caller return address at the syscall; raw syscalls included)",
-                    f"grew {r.mb_per_min:.2f} MB/min ({how}, confidence {r.confidence:.2f})"]
+                    f"grew {r.mb_per_min:.2f} MB/min ({how}, confidence {r.confidence:.2f})", *split]
         if short:
             evidence.append(f"short-lived: traced {r.span_s:.1f} s until it exited, less than the {min_span_s:.0f} s "
                             "a steady rate normally needs: a verdict from what exists, with lower confidence than a "
@@ -154,21 +203,29 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
         if r.step:
             evidence.append(f"the rise is one step of {r.step_bytes / MB:.1f} MB, not a steady growth")
         top_sites: list[dict[str, Any]] = []
-        if not regions.empty:
-            mine = regions[(regions["pid"] == pid) & (regions["library"] == library) & (regions["kind"] == kind)
-                           & ~regions["preexisting"].astype(bool)]
+        if not mine.empty:
+            mine = mine[mine["library"] == library]
             by_site = mine.groupby("stack_key")["size"].agg(["sum", "count"]).sort_values("sum", ascending=False)
             for key, row in by_site.head(3).iterrows():
                 top_sites.append({"stack_key": key, "outstanding_bytes": int(row["sum"]), "regions": int(row["count"]),
                                   "stack": frames.get(key, [])})
             if top_sites:
-                stack = top_sites[0]["stack"]
-                evidence.append(f"{top_sites[0]['regions']} region(s), {top_sites[0]['outstanding_bytes']:,} B "
-                                f"from call site {stack[1] if len(stack) > 1 else top_sites[0]['stack_key']}")
+                top = top_sites[0]
+                stack = top["stack"]
+                if top["stack_key"] in scanned:
+                    method = "stack-scan"
+                    site = next((f for f in stack if library in f), top["stack_key"])
+                    evidence.append(f"{top['regions']} growth(s), {top['outstanding_bytes']:,} B called from {site}: "
+                                    f"found by scanning the raw user stack at each growth for return addresses "
+                                    f"(no frame pointers needed); the first outside libc/ld.so called malloc")
+                else:
+                    evidence.append(f"{top['regions']} region(s), {top['outstanding_bytes']:,} B "
+                                    f"from call site {stack[1] if len(stack) > 1 else top['stack_key']}")
         evidence.append(f"{lost} event(s) lost" if lost else "0 events lost: the ledger is exact")
-        out.append({"kind": CULPRIT_KINDS[kind], "library": str(library), "pid": int(pid),
+        out.append({"kind": CULPRIT_KINDS[kind], "library": library, "pid": pid,
                     "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
                     "outstanding_bytes": int(y[-1]), "stack": stack, "evidence": evidence,
-                    "confidence": r.confidence, "step": r.step, "sites": top_sites, "short_lived": short})
+                    "confidence": r.confidence, "step": r.step, "sites": top_sites, "short_lived": short,
+                    "stack_method": method})
     out.sort(key=lambda c: (-c["mb_per_min"], -c["outstanding_bytes"]))
     return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class Origin:
     """Who created a piece of address space. Shared by all the pieces a region is later split into."""
 
-    kind: str  # "anon" | "file" | "heap" | "preexisting"
+    kind: str  # "anon" | "file" | "heap" | "preexisting" | "reserve" (PROT_NONE anonymous: no memory)
     t_born: int = 0  # ns, CLOCK_MONOTONIC (the BPF seq)
     site: int = 0  # caller's return address at the syscall
     ip: int = 0  # syscall instruction address
@@ -27,6 +27,11 @@ class Origin:
     @property
     def preexisting(self) -> bool:
         return self.kind == "preexisting"
+
+    @property
+    def counted(self) -> bool:
+        """Memory the ledger accounts: not what existed before attach, not a PROT_NONE reservation."""
+        return self.kind not in ("preexisting", "reserve")
 
 
 @dataclass(slots=True)
@@ -160,6 +165,19 @@ class AddressSpace:
         self._ends.insert(i, b)
         self._oids.insert(i, oid)
         self._born.insert(i, t_born)
+
+    def grow(self, a: int, b: int, origin: Origin) -> None:
+        """Map [a, b) like :meth:`insert`, but extend the interval ending at ``a`` when it has the same
+        origin (a heap growing page by page stays one interval, born at its first growth)."""
+        if b <= a:
+            return
+        oid = self.origins.intern(origin)
+        self._cut(a, b)
+        i = bisect.bisect_left(self._starts, a)
+        if i > 0 and self._ends[i - 1] == a and self._oids[i - 1] == oid:
+            self._ends[i - 1] = b
+        else:
+            self._put(a, b, oid, origin.t_born)
 
     def insert(self, a: int, b: int, origin: Origin) -> None:
         """Map [a, b): whatever was there is replaced (MAP_FIXED semantics)."""

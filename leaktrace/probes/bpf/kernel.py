@@ -19,6 +19,13 @@ from leaktrace.probes.bpf.layout import ANON_FD, Event, Region, RegionKey
 from leaktrace.probes.bpf.ledger import OutstandingLedger
 
 
+def _kind(fd: int, prot: int) -> str:
+    """An mmap's origin kind: a file, anonymous memory, or a PROT_NONE anonymous reservation."""
+    if (fd & 0xFFFFFFFF) != ANON_FD:
+        return "file"
+    return "anon" if prot else "reserve"
+
+
 class KernelRegions:
     """The kernel-owned regions of one process, sorted by start, column-wise in machine-word arrays
     (``oids`` index the probe's interned kernel origins; ``maxend[i]`` = max(ends[:i + 1]), for bisecting
@@ -50,7 +57,7 @@ class KernelSide:
     ledger: OutstandingLedger
     _seen_kernel: dict[int, KernelRegions]
     _kernel_count: int
-    _korigin_ids: dict[tuple[bool, int, int, int], int]
+    _korigin_ids: dict[tuple[str, int, int, int], int]
     _korigins: list[Origin]
 
     def _scan_kernel(self) -> dict[int, KernelRegions]:
@@ -62,11 +69,11 @@ class KernelSide:
         def fill(items: Any, cols: list[array], oids: array) -> None:
             tg, st, en, sq = cols
             for k, v in items:
-                key = ((v.fd & 0xFFFFFFFF) == ANON_FD, v.site, v.ip, v.stack_id)
+                key = (_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
                 oid = ids.get(key)
                 if oid is None:
                     oid = ids[key] = len(origins)
-                    origins.append(Origin("anon" if key[0] else "file", site=v.site, ip=v.ip, stack_id=v.stack_id))
+                    origins.append(Origin(key[0], site=v.site, ip=v.ip, stack_id=v.stack_id))
                 tg.append(k.tgid)
                 st.append(k.start)
                 en.append(k.start + v.len)
@@ -121,7 +128,7 @@ class KernelSide:
     @staticmethod
     def _origin_of(v: Region | Event, kind: str | None = None) -> Origin:
         if kind is None:
-            kind = "anon" if (v.fd & 0xFFFFFFFF) == ANON_FD else "file"
+            kind = _kind(v.fd, v.prot)
         return Origin(kind, t_born=v.seq, site=v.site, ip=v.ip, stack_id=v.stack_id, tid=v.tid)
 
     def _absorb(self, kmap: dict[int, KernelRegions], tgid: int, a: int, b: int,

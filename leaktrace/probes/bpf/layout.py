@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import ctypes as ct
 
-EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP = range(1, 9)
+EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP, EV_MPROTECT = range(1, 10)
 EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
-               EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap"}
+               EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect"}
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status
 ANON_FD = 0xFFFFFFFF
+SCAN_BYTES = 4096  # LT_SCAN_BYTES
 
 
 class RegionKey(ct.Structure):
@@ -31,3 +32,19 @@ class Event(ct.Structure):
                 ("new_addr", ct.c_uint64), ("new_len", ct.c_uint64), ("flags", ct.c_uint64),
                 ("prot", ct.c_uint64), ("fd", ct.c_uint64), ("site", ct.c_uint64), ("ip", ct.c_uint64),
                 ("stack_id", ct.c_int64), ("result", ct.c_int64)]
+
+
+class Range(ct.Structure):
+    """struct lt_range: libc's code in one process (the `runtime` map)."""
+
+    _fields_ = [("start", ct.c_uint64), ("end", ct.c_uint64)]
+
+
+class WindowEvent(Event):
+    """struct lt_window_event: an event followed by a window of the raw user stack (heap growth)."""
+
+    _fields_ = [("sp", ct.c_uint64), ("win_len", ct.c_uint64), ("data", ct.c_uint8 * SCAN_BYTES)]
+
+    @property
+    def window(self) -> bytes:
+        return bytes(self.data)[:min(self.win_len, SCAN_BYTES)]

@@ -22,6 +22,7 @@ from leaktrace.elf import ElfSymbols, read_elf_symbols
 from leaktrace.probes.bpf.addrspace import AddressSpace, Interval, Origin, OriginTable
 
 PAGE = 4096
+RESERVE = Origin("reserve")  # address space reserved PROT_NONE: no memory until committed
 
 
 def page_up(n: int) -> int:
@@ -51,15 +52,18 @@ class OutstandingLedger:
 
     # -- seeding
     def seed(self, pid: int, mappings: Iterable[tuple[int, int, str]], heap_start: int | None = None,
-             t: int = 0) -> None:
+             t: int = 0, reserved: Iterable[tuple[int, int]] = ()) -> None:
         """Mappings that existed before tracing began: (start, end, path) from /proc/PID/maps.
-        They are accounted, marked pre-existing, and never blamed."""
+        They are accounted, marked pre-existing, and never blamed. ``reserved``: the anonymous PROT_NONE
+        ones among them (heap reservations, guard pages), kept as reservations that an mprotect commits."""
         sp = self.space(pid)
         for start, end, path in mappings:
             sp.insert(start, end, Origin("preexisting", t_born=t, path=path))
             if path == "[heap]":
                 sp.heap_start = heap_start if heap_start is not None else start
                 sp.heap_end = end
+        for start, end in reserved:
+            sp.insert(start, end, RESERVE)
         if sp.heap_start is None and heap_start:
             sp.heap_start = sp.heap_end = heap_start
 
@@ -110,6 +114,34 @@ class OutstandingLedger:
             sp.remove(new_end, cur)
         sp.heap_end = new_end
 
+    def mprotect(self, pid: int, start: int, length: int, prot: int, origin: Origin) -> int:
+        """Protection of [start, start+length) changed. Made accessible, the reserved (PROT_NONE
+        anonymous) pieces there become ``origin``'s: a heap committing its reservation (glibc arenas grow
+        this way). Made PROT_NONE, counted anonymous or heap pieces become reservations. Other pieces keep
+        their origin. Returns the bytes committed (negative: decommitted)."""
+        sp = self.space(pid)
+        a, b = start, start + page_up(length)
+        kinds = self.origins.origins
+        moved = 0
+        for s, e, oid, t in sp._pieces(a, b):
+            kind = kinds[oid].kind
+            if prot and kind == "reserve":
+                sp.grow(s, e, origin)
+                moved += e - s
+            elif not prot and kind in ("anon", "heap"):
+                sp._put(s, e, self.origins.intern(RESERVE), t)
+                moved -= e - s
+        return moved
+
+    def origin_before(self, pid: int, addr: int) -> Origin | None:
+        """The origin of counted memory ending right at ``addr`` (what a heap growing from there continues)."""
+        sp = self.spaces.get(pid)
+        pieces = sp._pieces(addr - 1, addr) if sp is not None and addr else []
+        if not pieces:
+            return None
+        o = self.origins.origins[pieces[0][2]]
+        return o if o.kind in ("heap", "anon") else None
+
     def exec(self, pid: int) -> None:
         """The address space was replaced: everything before is gone."""
         self.space(pid).clear()
@@ -133,7 +165,7 @@ class OutstandingLedger:
             if pid is not None and p != pid:
                 continue
             for start, end, o, _t in sp.rows():
-                if o.preexisting and not include_preexisting:
+                if o.kind == "reserve" or (o.preexisting and not include_preexisting):
                     continue
                 tot.outstanding_bytes += end - start
                 tot.regions += 1
@@ -198,6 +230,10 @@ class Symbolizer:
 
     def has_maps(self, pid: int) -> bool:
         return pid in self._maps
+
+    def entries(self, pid: int) -> list[MapEntry]:
+        """The kept maps copy of ``pid``, sorted by start (a new list object after each change)."""
+        return self._maps.get(pid, [])
 
     def mapping(self, pid: int, addr: int) -> MapEntry | None:
         starts = self._starts.get(pid)

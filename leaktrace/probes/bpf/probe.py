@@ -30,15 +30,19 @@ from leaktrace.probes.bpf.layout import (
     EV_FORK,
     EV_LIBMAP,
     EV_MMAP,
+    EV_MPROTECT,
     EV_MREMAP,
     EV_MUNMAP,
     EXIT_NO_CODE,
     EXIT_OOM,
     MREMAP_DONTUNMAP,
     Event,
+    Range,
+    WindowEvent,
 )
 from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.snapshots import SnapshotRows
+from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
 
 
 def _read_maps(pid: int) -> list[MapEntry] | None:
@@ -84,6 +88,7 @@ class BpfProbe(SnapshotRows):
         self.defines = {"LT_RING_PAGES": 2048, **(defines or {})}
         self.ledger = OutstandingLedger()
         self.symbols = Symbolizer()
+        self.scanner = StackScanner(self.symbols)
         self.lock = threading.RLock()
         self.prog: Any = None
         self.header_kind = ""
@@ -99,7 +104,7 @@ class BpfProbe(SnapshotRows):
         self._seen_kernel: dict[int, KernelRegions] = {}
         self._kernel_count = 0
         # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
-        self._korigin_ids: dict[tuple[bool, int, int, int], int] = {}
+        self._korigin_ids: dict[tuple[str, int, int, int], int] = {}
         self._korigins: list[Origin] = []
         self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._lib = None
@@ -176,7 +181,12 @@ class BpfProbe(SnapshotRows):
         self._maps_refreshed[pid] = time.monotonic()
         # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
         self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
-                         t=time.monotonic_ns())
+                         t=time.monotonic_ns(),
+                         reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
+        libc = libc_code(maps)
+        if libc is not None and self.prog is not None:
+            # anonymous mmaps called from there take the slow path with a stack window (bpf/leaktrace.bpf.c)
+            self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*libc)
 
     def _poll_loop(self) -> None:
         full = False
@@ -227,7 +237,8 @@ class BpfProbe(SnapshotRows):
 
     # ------------------------------------------------------------------ events
     def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
-        self._queue.append(Event.from_buffer_copy(ct.string_at(data, ct.sizeof(Event))))
+        kind = WindowEvent if size >= ct.sizeof(WindowEvent) else Event
+        self._queue.append(kind.from_buffer_copy(ct.string_at(data, ct.sizeof(kind))))
         # A negative answer ends libbpf's ring_buffer__consume() after this record (already consumed):
         # without it, one consume lasts as long as the target keeps the ring fed — tens of seconds under
         # a steady munmap stream, with the tick blocked behind it.
@@ -241,7 +252,7 @@ class BpfProbe(SnapshotRows):
         if not self._queue:
             return False
         batch, self._queue = self._queue, []
-        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_EXEC, EV_EXIT) for e in batch)
+        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_EXEC, EV_EXIT) for e in batch)
         kmap = self._scan_kernel() if needs_kernel else {}
         taken: set[tuple[int, int]] = set()
         rows = []
@@ -265,7 +276,8 @@ class BpfProbe(SnapshotRows):
         pid = e.tgid
         if e.type == EV_MMAP:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
-            self.ledger.mmap(pid, e.addr, e.len, self._origin_of(e, "anon" if e.fd == (1 << 64) - 1 else "file"))
+            o = self._origin_of(e)
+            self.ledger.mmap(pid, e.addr, e.len, self._growth_origin(e, None) if o.kind == "anon" else o)
             if e.fd != (1 << 64) - 1 and e.prot & 4:
                 self._maps_due.add(pid)
         elif e.type == EV_MUNMAP:
@@ -277,7 +289,15 @@ class BpfProbe(SnapshotRows):
             self.ledger.mremap(pid, e.addr, e.len, e.new_addr, e.new_len,
                                dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._origin_of(e, "anon"))
         elif e.type == EV_BRK:
-            self.ledger.brk(pid, e.addr, self._origin_of(e, "heap"))
+            self.ledger.brk(pid, e.addr, self._growth_origin(e, "heap"))
+        elif e.type == EV_MPROTECT:
+            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            # committed by libc's malloc (growing an arena heap): the malloc heap; by libc otherwise (a thread
+            # stack) or by anything else: anonymous memory of the caller
+            kind = None if self.scanner.in_runtime(pid, e.ip) else "anon"
+            # no stack window (rate-limited in the kernel): the growth continues the memory just below it
+            cont = None if isinstance(e, WindowEvent) else self.ledger.origin_before(pid, e.addr)
+            self.ledger.mprotect(pid, e.addr, e.len, e.prot, cont or self._growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
             if _is_process(child):
@@ -299,6 +319,10 @@ class BpfProbe(SnapshotRows):
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
             self._known.discard(pid)
+            try:
+                del self.prog[b"runtime"][ct.c_uint32(pid)]
+            except (KeyError, TypeError):
+                pass
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
 
@@ -311,6 +335,26 @@ class BpfProbe(SnapshotRows):
             return ct.c_uint32(pid) in self.prog[b"oom_victims"]
         except Exception:  # noqa: BLE001 - a missing map (older program) means "not known"
             return False
+
+    def _growth_origin(self, e: Event, kind: str | None) -> Origin:
+        """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
+        found by scanning the event's stack window (the caller of malloc), else the syscall's caller.
+        ``kind`` None (an anonymous mmap or mprotect made by libc): "heap" when malloc & co. made it, else
+        "anon"."""
+        o = self._origin_of(e, kind or "anon")
+        if not isinstance(e, WindowEvent) or not e.win_len:
+            return o
+        window = e.window
+        inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
+        if kind is None:
+            kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"
+            o = self._origin_of(e, kind)
+        caller = self.scanner.caller(e.tgid, inner)
+        if caller is None:
+            return o
+        if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown
+            self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window)
+        return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)

@@ -37,8 +37,18 @@ from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
-from leaktrace.probes.bpf.layout import COUNTERS, EV_BRK, EV_MMAP, EV_MREMAP, EV_MUNMAP, EVENT_NAMES, Event
+from leaktrace.probes.bpf.layout import (
+    COUNTERS,
+    EV_BRK,
+    EV_MMAP,
+    EV_MPROTECT,
+    EV_MREMAP,
+    EV_MUNMAP,
+    EVENT_NAMES,
+    Event,
+)
 from leaktrace.probes.bpf.ledger import Symbolizer
+from leaktrace.probes.bpf.stackscan import StackScanner
 
 
 def _i64(x: int) -> int:
@@ -52,6 +62,7 @@ class SnapshotRows(KernelSide):
 
     ctx: HuntContext | None
     symbols: Symbolizer
+    scanner: StackScanner
     header_kind: str
     _counters: dict[str, int]
     _queue: list[Event]
@@ -64,7 +75,7 @@ class SnapshotRows(KernelSide):
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
 
     def _event_row(self, e: Event) -> dict[str, Any]:
-        has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP)
+        has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT)
         return {"t": self._t(e.seq), "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
                 "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
                 "new_len": _i64(e.new_len), "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd),
@@ -99,7 +110,7 @@ class SnapshotRows(KernelSide):
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
         for pid, start, end, o, _t, _k in self._outstanding():
-            if o.preexisting:
+            if not o.counted:
                 continue
             g = groups[(pid, self._library(pid, o), o.kind)]
             g[0] += end - start
@@ -126,6 +137,9 @@ class SnapshotRows(KernelSide):
         frames: list[str] = []
         if ip:
             frames.append(str(self.symbols.frame(pid, ip)))
+        chain = self.scanner.chains.get((pid, site))
+        if chain is not None:  # a heap's growth: the return addresses its stack window held
+            return frames + [str(self.symbols.frame(pid, a)) for a in chain]
         if site:
             frames.append(str(self.symbols.frame(pid, site)))
         if stack_id >= 0 and self.prog is not None:
@@ -153,6 +167,8 @@ class SnapshotRows(KernelSide):
         region_rows = []
         stack_origin: dict[tuple[int, int], Origin] = {}
         for pid, start, end, o, t_born in items:
+            if o.kind == "reserve":
+                continue
             lib = self._library(pid, o)
             key = f"{pid}:{o.site:#x}" if not o.preexisting else ""
             if not o.preexisting:
@@ -172,7 +188,8 @@ class SnapshotRows(KernelSide):
             stack_rows.append({"stack_key": f"{pid}:{site:#x}", "pid": pid, "site": _i64(site), "stack_id": o.stack_id,
                                "library": self._library(pid, o),
                                "symbol": str(self.symbols.frame(pid, site)) if site else "",
-                               "frames": "\n".join(frames)})
+                               "frames": "\n".join(frames),
+                               "method": "stack-scan" if (pid, site) in self.scanner.chains else "frame-pointer"})
         self.ctx.session.append("bpf_stacks", stack_rows)
 
     def _record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions], code: int | None = None,
@@ -192,7 +209,7 @@ class SnapshotRows(KernelSide):
             items += [(pid, start, end, o, t_born) for start, end, o, t_born in sp.rows()]
         groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         for _pid, start, end, o, _t in items:
-            if not o.preexisting:
+            if o.counted:
                 g = groups[(self._library(pid, o), o.kind)]
                 g[0] += end - start
                 g[1] += 1

@@ -1,0 +1,204 @@
+"""Stack scanning: return addresses found in a window of raw user stack, without frame pointers or unwind
+tables (what Breakpad does when it has neither).
+
+The kernel half sends, with each growth of a heap (brk of the main heap, mprotect of a glibc arena), the
+bytes above the user stack pointer at the syscall. Every 8-byte word there that points into executable
+code right after a call instruction (``e8 rel32``, or one of the ``ff /2`` indirect forms) is taken as a
+return address, innermost first. The first one outside the C runtime (libc, ld.so: malloc's internals
+and the syscall wrappers) is the code that called malloc — even when that library is stripped and built
+with ``-fomit-frame-pointer``.
+
+A stale word (a return address left by an earlier, deeper call) can pass the test; the innermost frames
+of a growth are glibc's, which keep no foreign code addresses, so in practice the first foreign one is
+the live caller. Addresses resolve through the probe's copies of /proc/PID/maps (:class:`Symbolizer`);
+code bytes are read from the mapped file (or the process's memory for anonymous code).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from leaktrace.memclass import LIBC_LIBRARY
+from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
+
+# libc entry points that allocate from malloc's heaps: a growth whose libc frames pass through one is malloc's
+MALLOC_FUNCTIONS = frozenset({"malloc", "calloc", "realloc", "reallocarray", "memalign", "posix_memalign",
+                              "aligned_alloc", "valloc", "pvalloc", "__libc_malloc", "__libc_calloc",
+                              "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc"})
+MAX_FRAMES = 24  # return addresses kept per window
+_LOOKBACK = 7  # the longest call form looked at: ff 94 24 disp32 (call [rsp+disp32])
+
+
+def _modrm_tail(code: bytes, i: int) -> int | None:
+    """Length of the ModRM operand starting at code[i] (ModRM, SIB, displacement), or None."""
+    if i >= len(code):
+        return None
+    modrm = code[i]
+    mod, rm = modrm >> 6, modrm & 7
+    if mod == 3:
+        return 1
+    sib = rm == 4
+    n = 1 + sib
+    if mod == 0:
+        if rm == 5:
+            return 5  # rip-relative disp32
+        if sib:
+            if i + 1 >= len(code):
+                return None
+            if code[i + 1] & 7 == 5:
+                n += 4  # SIB with no base: disp32
+        return n
+    return n + (1 if mod == 1 else 4)
+
+
+def ends_with_call(code: bytes) -> bool:
+    """Do the bytes just before a return address end with a call instruction? ``code`` holds up to
+    :data:`_LOOKBACK` bytes ending at the return address."""
+    n = len(code)
+    if n >= 5 and code[n - 5] == 0xE8:
+        return True
+    for start in range(max(0, n - _LOOKBACK), n - 1):
+        if code[start] != 0xFF or (code[start + 1] >> 3) & 7 != 2:
+            continue
+        tail = _modrm_tail(code, start + 1)
+        if tail is not None and start + 1 + tail == n:
+            return True
+    return False
+
+
+class StackScanner:
+    """Return addresses in raw stack windows, per process, through the probe's maps copies."""
+
+    def __init__(self, symbols: Symbolizer) -> None:
+        self.symbols = symbols
+        self._is_call: dict[tuple[str, int], bool] = {}  # (file, offset of the return address) -> answer
+        # (pid, caller found) -> the return addresses of the first window that named it (the stack shown)
+        self.chains: dict[tuple[int, int], list[int]] = {}
+        self._ranges: dict[int, tuple[list[MapEntry], np.ndarray, np.ndarray]] = {}
+        self._runtime: dict[str, bool] = {}  # mapped file -> is libc / ld.so
+        self._addr_cache: dict[int, tuple[list[MapEntry], dict[int, tuple[bool, bool | None]]]] = {}
+        self._malloc_addr: dict[tuple[int, int], bool] = {}  # (pid, libc return address) -> in malloc & co.
+
+    def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
+        lo = max(m.start, addr - _LOOKBACK)
+        want = addr - lo
+        path = m.path.removesuffix(" (deleted)")
+        try:
+            if path.startswith("/") and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    f.seek(lo - m.start + m.offset)
+                    return f.read(want)
+            with open(f"/proc/{pid}/mem", "rb") as f:
+                f.seek(lo)
+                return f.read(want)
+        except (OSError, ValueError, OverflowError):
+            return b""
+
+    def is_return_address(self, pid: int, addr: int) -> bool:
+        return self._info(pid, addr)[0]
+
+    def _info(self, pid: int, addr: int) -> tuple[bool, bool | None]:
+        """(is ``addr`` a return address, is it in the C runtime: None outside named files), cached per
+        address and maps copy (a growth's return addresses repeat from one event to the next)."""
+        maps = self.symbols.entries(pid)
+        cache = self._addr_cache.get(pid)
+        if cache is None or cache[0] is not maps or len(cache[1]) > 100_000:
+            cache = self._addr_cache[pid] = (maps, {})
+        hit = cache[1].get(addr)
+        if hit is None:
+            hit = cache[1][addr] = (self._is_return_address(pid, addr), self._runtime_of(pid, addr))
+        return hit
+
+    def _is_return_address(self, pid: int, addr: int) -> bool:
+        m = self.symbols.mapping(pid, addr)
+        if m is None or "x" not in m.perms:
+            return False
+        key = (m.path or f"{pid}:{m.start:#x}", addr - m.start + m.offset)
+        hit = self._is_call.get(key)
+        if hit is None:
+            code = self._code_before(pid, m, addr)
+            hit = ends_with_call(code)
+            if hit and len(code) >= 5 and code[-5] == 0xE8:
+                # a direct call must land in code: cheap check against data that happens to hold 0xe8
+                target = addr + int.from_bytes(code[-4:], "little", signed=True)
+                hit = self.symbols.is_code(pid, target)
+            if m.path:
+                self._is_call[key] = hit
+        return hit
+
+    def _code_ranges(self, pid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Starts and ends of the executable mappings of ``pid`` (cached per maps copy)."""
+        maps = self.symbols.entries(pid)
+        hit = self._ranges.get(pid)
+        if hit is None or hit[0] is not maps:
+            code = [m for m in maps if "x" in m.perms]
+            hit = (maps, np.array([m.start for m in code], dtype=np.uint64),
+                   np.array([m.end for m in code], dtype=np.uint64))
+            self._ranges[pid] = hit
+        return hit[1], hit[2]
+
+    def in_runtime(self, pid: int, addr: int) -> bool | None:
+        """Is ``addr`` in libc or ld.so? None when it is in no named file."""
+        return self._info(pid, addr)[1]
+
+    def _runtime_of(self, pid: int, addr: int) -> bool | None:
+        m = self.symbols.mapping(pid, addr)
+        if m is None or not m.path or m.path.startswith("["):
+            return None
+        hit = self._runtime.get(m.path)
+        if hit is None:
+            hit = self._runtime[m.path] = bool(LIBC_LIBRARY.match(os.path.basename(m.path.removesuffix(" (deleted)"))))
+        return hit
+
+    def return_addresses(self, pid: int, window: bytes, to_caller: bool = False) -> list[int]:
+        """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first; with
+        ``to_caller``, up to the first outside the C runtime (see :meth:`caller`)."""
+        starts, ends = self._code_ranges(pid)
+        if not len(starts):
+            return []
+        words = np.frombuffer(window, dtype="<u8", count=len(window) // 8)
+        i = np.searchsorted(starts, words, side="right") - 1
+        code = words[(i >= 0) & (words < ends[np.maximum(i, 0)])]  # words pointing into code, in order
+        out: list[int] = []
+        info = self._info
+        for w in code.tolist():
+            is_ret, runtime = info(pid, w)
+            if is_ret:
+                out.append(w)
+                if len(out) >= MAX_FRAMES or (to_caller and runtime is False):
+                    break
+        return out
+
+    def caller(self, pid: int, addrs: list[int]) -> int | None:
+        """The first return address outside the C runtime and the dynamic loader."""
+        for a in addrs:
+            if self.in_runtime(pid, a) is False:
+                return a
+        return None
+
+    def via_malloc(self, pid: int, addrs: list[int]) -> bool:
+        """Do the C-runtime frames of a stack (innermost first) pass through malloc & co.?"""
+        for a in addrs:
+            runtime = self.in_runtime(pid, a)
+            if runtime is False:
+                return False
+            if runtime:
+                hit = self._malloc_addr.get((pid, a))
+                if hit is None:
+                    if len(self._malloc_addr) > 100_000:
+                        self._malloc_addr.clear()
+                    hit = self._malloc_addr[(pid, a)] = self.symbols.frame(pid, a).symbol in MALLOC_FUNCTIONS
+                if hit:
+                    return True
+        return False
+
+
+def libc_code(maps: list[MapEntry]) -> tuple[int, int] | None:
+    """libc's executable mapping (start, end) in a maps listing, if mapped."""
+    for m in maps:
+        name = os.path.basename(m.path)
+        if "x" in m.perms and name.startswith("libc") and LIBC_LIBRARY.match(name):
+            return m.start, m.end
+    return None
