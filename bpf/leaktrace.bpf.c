@@ -14,7 +14,8 @@
  * read/write) are sent with a window of the raw user stack (emit_window): user space scans it for return
  * addresses, the first outside libc/ld.so naming the caller of malloc (leaktrace/probes/bpf/stackscan.py).
  * Anonymous mmaps called from libc (its code range per process in `runtime`: malloc's chunks above the mmap
- * threshold, new arena heaps, thread stacks) take the slow path with a window too.
+ * threshold, new arena heaps, thread stacks) take the slow path with a window too, and so do mremaps made
+ * through libc that the kernel cannot settle (glibc's variadic mremap wrapper hides its caller).
  * These come once per growth of the heap (~128 KiB), not once per malloc.
  *
  * Attribution: the word at the user stack pointer at syscall entry is the return address into
@@ -463,7 +464,12 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     ev.stack_id = p->stack_id;
     ev.result = ret;
     pending.delete(&host_tid);
-    emit(&ev);
+    /* glibc's mremap is variadic: its frame hides the return address from the site read at entry (and the
+     * frame-pointer walk); who called it is found in the raw stack, as for malloc's growth. */
+    if (called_from_libc(tgid, ev.ip))
+        emit_window(&ev);
+    else
+        emit(&ev);
     return 0;
 }
 

@@ -62,3 +62,19 @@ def test_clean_churner_is_no_leak(spawn, shapes_bin, tmp_path):
     assert (rep["verdict"], rep["culprits"]) == ("no-leak", []), rep["verdict_reason"]
     assert rep["ledger"]["events"] > 20000 * 30  # it churned, and the probe saw it
     assert rep["ledger"]["outstanding_bytes"] < 1 * MB
+
+
+def test_buffer_grown_by_mremap_names_the_grower(spawn, shapes_bin, tmp_path):
+    """A buffer grown with mremap(MREMAP_MAYMOVE) that moves as it grows: the culprit is the code that
+    grows it (through glibc's mremap wrapper and a stripped, frame-pointer-less library), its rate and the
+    bytes it holds; /proc sees the same region grow and move."""
+    rep, pid, expected, rate = _hunt_shape(spawn, shapes_bin, tmp_path, "mremap")
+    top = _top(rep, pid)
+    assert (top["kind"], top["library"]) == ("native-mmap", "libshape.so"), top
+    assert any("libshape.so!shape_mremap_tick" in f for f in top["stack"]), top["stack"]
+    assert top["mb_per_min"] == pytest.approx(rate, rel=0.15)
+    assert top["outstanding_bytes"] == pytest.approx(expected, rel=0.05)
+    moving = [g for g in rep["regions"]["growing_and_moving"] if g["pid"] == pid]
+    assert moving and moving[0]["moves"] >= 1, rep["regions"]["growing_and_moving"]
+    # nobody else is blamed for the same memory
+    assert not [c for c in rep["culprits"] if c["library"] in (None, "libc.so.6") and c["mb_per_min"] > 0.2 * rate]

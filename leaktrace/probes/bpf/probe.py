@@ -287,7 +287,7 @@ class BpfProbe(SnapshotRows):
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self._absorb(kmap, pid, e.new_addr, e.new_addr + e.new_len, e.seq, taken)
             self.ledger.mremap(pid, e.addr, e.len, e.new_addr, e.new_len,
-                               dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._origin_of(e, "anon"))
+                               dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._growth_origin(e, "anon"))
         elif e.type == EV_BRK:
             self.ledger.brk(pid, e.addr, self._growth_origin(e, "heap"))
         elif e.type == EV_MPROTECT:
