@@ -1,7 +1,10 @@
 """eBPF probe overhead: 200k raw mmap+munmap pairs of 4 KiB, untraced vs traced by leaktrace vs the
 bpftrace anchor (a user stack per mmap aggregated in the kernel, bench/bpftrace_anchor.bt), plus the
-cost on an unrelated process while leaktrace traces another. Median of --runs rounds per condition,
-all in one process of the workload (same page-cache and CPU state). Prints one JSON document.
+cost on an unrelated process while leaktrace traces another. Untraced and traced rounds alternate, all
+in one process of the workload (same page-cache and CPU state); each condition's figure is the median of
+the per-pair ratios, with their spread (min, quartiles, max). Two clocks: wall time, and the workload's
+CPU time — the probe runs in the workload's context, so its cost is CPU time of the workload, and that
+figure does not move with the load of a shared machine the way wall time does. Prints one JSON document.
 
     .venv/bin/python bench/bench_bpf.py --runs 6 --pairs 200000
 
@@ -41,15 +44,18 @@ class Workload:
         assert self.p.stdout is not None and self.p.stdout.readline().startswith("ready")
         self.pid = self.p.pid
 
-    def round(self) -> float:
+    def round(self) -> tuple[float, float]:
+        """One round: (wall seconds, CPU seconds of the workload)."""
         assert self.p.stdin is not None and self.p.stdout is not None
         self.p.stdin.write("go\n")
         self.p.stdin.flush()
-        return float(self.p.stdout.readline())
+        wall, cpu = self.p.stdout.readline().split()
+        return float(wall), float(cpu)
 
-    def median(self, runs: int) -> float:
+    def median(self, runs: int) -> tuple[float, float]:
         self.round()  # warm-up
-        return statistics.median(self.round() for _ in range(runs))
+        rounds = [self.round() for _ in range(runs)]
+        return statistics.median(w for w, _ in rounds), statistics.median(c for _, c in rounds)
 
     def close(self) -> None:
         self.p.kill()
@@ -64,18 +70,18 @@ def traced(target_pid: int, work: Workload, runs: int) -> dict:
         probe = BpfProbe()
         probe.start(ctx)
         t0 = time.monotonic()
-        med = work.median(runs)
+        med, cpu = work.median(runs)
         wall = time.monotonic() - t0
         probe.tick(session.now())
         summary = probe.summary()
         probe.stop()
         session.close()
-    return {"median_s": med, "wall_s": wall, **{k: summary[k] for k in ("events", "lost_events",
+    return {"median_s": med, "cpu_s": cpu, "wall_s": wall, **{k: summary[k] for k in ("events", "lost_events",
                                                                          "outstanding_bytes", "slow_events",
                                                                          "settled_in_kernel")}}
 
 
-def bpftrace(work: Workload, runs: int) -> float | None:
+def bpftrace(work: Workload, runs: int) -> tuple[float, float] | None:
     if not ANCHOR.exists() or subprocess.run(["which", "bpftrace"], capture_output=True).returncode:
         return None
     bt = subprocess.Popen(["bpftrace", str(ANCHOR), str(work.pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -92,7 +98,17 @@ def bpftrace(work: Workload, runs: int) -> float | None:
         return work.median(runs)
     finally:
         bt.terminate()
-        bt.wait(timeout=30)
+        try:
+            bt.wait(timeout=60)  # bpftrace detaches slowly on a loaded machine
+        except subprocess.TimeoutExpired:
+            bt.kill()
+            bt.wait()
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """min, quartiles and max of a list of ratios (how far one run can be from the median)."""
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"min": min(values), "q1": q[0], "median": q[1], "q3": q[2], "max": max(values)}
 
 
 def main() -> None:
@@ -110,17 +126,19 @@ def main() -> None:
     # The machine is shared: interleave untraced and traced rounds and take the median of the
     # per-pair ratios, so drift in the background load cancels out.
     ratios: dict[str, list[float]] = {"leaktrace": [], "unrelated": []}
+    cpu_ratios: dict[str, list[float]] = {"leaktrace": [], "unrelated": []}
     secs: dict[str, list[float]] = {"untraced": [], "leaktrace": [], "unrelated": []}
     lt: dict = {}
     try:
         work.round()  # warm-up
         for _ in range(args.runs):
             for name, pid in (("leaktrace", work.pid), ("unrelated", idle.pid)):
-                u = work.round()
+                u, ucpu = work.round()
                 r = traced(pid, work, 1)
                 secs["untraced"].append(u)
                 secs[name].append(r["median_s"])
                 ratios[name].append(r["median_s"] / u)
+                cpu_ratios[name].append(r["cpu_s"] / ucpu)
                 if name == "leaktrace":
                     lt = {k: lt.get(k, 0) + r[k] for k in ("events", "lost_events", "slow_events",
                                                              "settled_in_kernel")}
@@ -138,14 +156,21 @@ def main() -> None:
         "pairs": args.pairs, "size": args.size, "runs": args.runs,
         "untraced_s": med["untraced"],
         "leaktrace_s": med["leaktrace"], "leaktrace_ratio": statistics.median(ratios["leaktrace"]),
+        "leaktrace_ratio_spread": spread(ratios["leaktrace"]),
+        "leaktrace_cpu_ratio": statistics.median(cpu_ratios["leaktrace"]),
+        "leaktrace_cpu_ratio_spread": spread(cpu_ratios["leaktrace"]),
         "leaktrace_ratios": ratios["leaktrace"],
         "leaktrace_events_per_s": calls / med["leaktrace"],
         "leaktrace_events": lt["events"], "leaktrace_lost_events": lt["lost_events"],
         "leaktrace_slow_events": lt["slow_events"], "leaktrace_settled_in_kernel": lt["settled_in_kernel"],
         "leaktrace_outstanding_bytes_after": lt["outstanding_bytes"],
         "unrelated_s": med["unrelated"], "unrelated_ratio": statistics.median(ratios["unrelated"]),
-        "bpftrace_s": anchor, "bpftrace_ratio": anchor / min(before, after) if anchor else None,
-        "bpftrace_bracket_untraced_s": [before, after],
+        "unrelated_cpu_ratio": statistics.median(cpu_ratios["unrelated"]),
+        "unrelated_cpu_ratio_spread": spread(cpu_ratios["unrelated"]),
+        "bpftrace_s": anchor[0] if anchor else None,
+        "bpftrace_ratio": anchor[0] / min(before[0], after[0]) if anchor else None,
+        "bpftrace_cpu_ratio": anchor[1] / min(before[1], after[1]) if anchor else None,
+        "bpftrace_bracket_untraced_s": [before[0], after[0]],
     }
     text = json.dumps(res, indent=2)
     print(text)
