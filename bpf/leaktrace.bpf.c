@@ -93,7 +93,9 @@ BPF_HASH(targets, u32, u32, 65536);
 BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for */
 #endif
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
-BPF_HASH(pending, u32, struct lt_pending, 65536);
+/* The arguments of a syscall between its entry and its exit, per thread: task-local storage, not a hash keyed
+ * by tid (no element allocated and freed per call; freed with the task). live == 0: nothing pending. */
+BPF_TASK_STORAGE(pending, struct lt_pending);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
 /* A thread's last mprotect commit: where it ended, and when the last one with a stack window was sent. */
@@ -126,15 +128,19 @@ static __always_inline int is_err(long ret)
 }
 
 /* Caller return address and syscall ip from the user registers saved at syscall entry. */
+#if LT_REGS_SP_OFF <= LT_REGS_IP_OFF
+#error "read_site reads ip..sp in one span: the saved sp must follow the saved ip in struct pt_regs"
+#endif
 static __always_inline void read_site(u64 *site, u64 *ip)
 {
     struct task_struct *task = bpf_get_current_task_btf();
     char *regs = (char *)bpf_task_pt_regs(task);
-    u64 sp = 0;
+    /* ip and sp in one read (x86_64: ip, cs, flags, sp): one helper call less on every traced syscall */
+    u64 span[(LT_REGS_SP_OFF - LT_REGS_IP_OFF) / 8 + 1] = {};
     *site = 0;
-    *ip = 0;
-    bpf_probe_read_kernel(ip, sizeof(*ip), regs + LT_REGS_IP_OFF);
-    bpf_probe_read_kernel(&sp, sizeof(sp), regs + LT_REGS_SP_OFF);
+    bpf_probe_read_kernel(span, sizeof(span), regs + LT_REGS_IP_OFF);
+    *ip = span[0];
+    u64 sp = span[(LT_REGS_SP_OFF - LT_REGS_IP_OFF) / 8];
     if (sp)
         bpf_probe_read_user(site, sizeof(*site), (void *)sp);
 }
@@ -263,20 +269,35 @@ static __always_inline int current_ids(struct lt_ids *ids)
 static __always_inline void remember(void *ctx, struct lt_ids *ids, u64 addr, u64 len, u64 new_len,
                                      u64 new_addr, u64 flags, u64 prot, u64 fd)
 {
-    struct lt_pending p = {};
-    p.tgid = ids->tgid;
-    p.tid = ids->tid;
-    p.addr = addr;
-    p.len = len;
-    p.new_len = new_len;
-    p.new_addr = new_addr;
-    p.flags = flags;
-    p.prot = prot;
-    p.fd = fd;
-    read_site(&p.site, &p.ip);
-    p.stack_id = site_stack(ctx, ids->tgid, p.site);
-    p.t_enter = bpf_ktime_get_ns();
-    pending.update(&ids->host_tid, &p);
+    struct lt_pending *p = pending.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!p) {
+        count(LT_CNT_MAP_FULL);
+        return;
+    }
+    p->tgid = ids->tgid;
+    p->tid = ids->tid;
+    p->addr = addr;
+    p->len = len;
+    p->new_len = new_len;
+    p->new_addr = new_addr;
+    p->flags = flags;
+    p->prot = prot;
+    p->fd = fd;
+    read_site(&p->site, &p->ip);
+    p->stack_id = site_stack(ctx, ids->tgid, p->site);
+    p->live = 1;
+}
+
+/* The current thread's pending syscall, if its entry was traced. */
+static __always_inline struct lt_pending *pending_of_current(void)
+{
+    struct lt_pending *p = pending.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    return p && p->live ? p : 0;
+}
+
+static __always_inline void pending_done(struct lt_pending *p)
+{
+    p->live = 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
@@ -291,14 +312,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-    u32 host_tid = (u32)bpf_get_current_pid_tgid();
-    struct lt_pending *p = pending.lookup(&host_tid);
+    struct lt_pending *p = pending_of_current();
     if (!p)
         return 0;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending.delete(&host_tid);
+        pending_done(p);
         return 0;
     }
     u32 tgid = p->tgid, tid = p->tid;
@@ -331,7 +351,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
                 hint.len = len;
                 emit(&hint);
             }
-            pending.delete(&host_tid);
+            pending_done(p);
             return 0;
         }
         count(LT_CNT_MAP_FULL);
@@ -350,7 +370,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending.delete(&host_tid);
+    pending_done(p);
     if (from_libc)
         emit_window(&ev);  /* malloc's own mmap: who called malloc is in the raw stack */
     else
@@ -401,14 +421,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 {
-    u32 host_tid = (u32)bpf_get_current_pid_tgid();
-    struct lt_pending *p = pending.lookup(&host_tid);
+    struct lt_pending *p = pending_of_current();
     if (!p)
         return 0;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending.delete(&host_tid);
+        pending_done(p);
         return 0;
     }
     u32 tgid = p->tgid, tid = p->tid;
@@ -426,7 +445,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
         regions.delete(&key);
         if (regions.update(&nkey, &moved) == 0) {
             count(LT_CNT_SETTLED);
-            pending.delete(&host_tid);
+            pending_done(p);
             return 0;
         }
         count(LT_CNT_MAP_FULL);
@@ -445,7 +464,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
         lost.ip = moved.ip;
         lost.stack_id = moved.stack_id;
         lost.result = ret;
-        pending.delete(&host_tid);
+        pending_done(p);
         emit(&lost);
         return 0;
     }
@@ -463,7 +482,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending.delete(&host_tid);
+    pending_done(p);
     /* glibc's mremap is variadic: its frame hides the return address from the site read at entry (and the
      * frame-pointer walk); who called it is found in the raw stack, as for malloc's growth. */
     if (called_from_libc(tgid, ev.ip))
@@ -487,8 +506,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_brk)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 {
-    u32 host_tid = (u32)bpf_get_current_pid_tgid();
-    struct lt_pending *p = pending.lookup(&host_tid);
+    struct lt_pending *p = pending_of_current();
     if (!p)
         return 0;
     struct lt_event ev = {};
@@ -502,7 +520,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = args->ret;
-    pending.delete(&host_tid);
+    pending_done(p);
     emit_window(&ev);  /* the heap grew (or shrank): who called malloc is in the raw stack */
     return 0;
 }
@@ -522,14 +540,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 {
-    u32 host_tid = (u32)bpf_get_current_pid_tgid();
-    struct lt_pending *p = pending.lookup(&host_tid);
+    struct lt_pending *p = pending_of_current();
     if (!p)
         return 0;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending.delete(&host_tid);
+        pending_done(p);
         return 0;
     }
     struct lt_event ev = {};
@@ -544,7 +561,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending.delete(&host_tid);
+    pending_done(p);
     if (!(ev.prot & 3)) {  /* neither PROT_READ nor PROT_WRITE: nothing is committed */
         emit(&ev);
         return 0;
@@ -552,6 +569,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
     /* An arena grows page by page (thousands of calls a second under a fast leak): a commit that continues
      * the thread's previous one, within LT_WINDOW_EVERY_NS of its last window, goes without a window; user
      * space gives it to the growth it continues. */
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
     struct lt_commit *last = last_commit.lookup(&host_tid);
     if (last && last->end == ev.addr && ev.seq - last->window_seq < LT_WINDOW_EVERY_NS) {
         last->end = ev.addr + ev.len;
@@ -615,7 +633,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!current_ids(&ids))
         return 0;
     u32 tgid = ids.host_tgid, tid = ids.host_tid;
-    pending.delete(&tid);
     /* The OOM killer marks one thread of its victim (any with an mm): carry the mark to the process. */
     u64 *marked = oom_victims.lookup(&tid);
     if (marked && tid != tgid) {

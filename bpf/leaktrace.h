@@ -71,7 +71,7 @@ struct lt_pending {
     __u64 site;
     __u64 ip;
     __s64 stack_id;
-    __u64 t_enter;
+    __u64 live;      /* 1 between a traced entry and its exit */
     __u32 tgid;      /* the caller as user space numbers it (its PID namespace's ids) */
     __u32 tid;
 };
