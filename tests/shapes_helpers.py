@@ -27,10 +27,6 @@ class Truth:
         raise RuntimeError(f"no truth in {path}")
 
 
-def true_mb_per_min(a: Truth, b: Truth) -> float:
-    return (b.held - a.held) / max(b.t - a.t, 1e-9) * 60.0 / MB
-
-
 def shape_argv(shapes_bin: Path, shape: str, kib_per_s: float, truth: Path, *extra: str) -> list[str]:
     return [str(shapes_bin), shape, str(kib_per_s), "--truth", str(truth), *extra]
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import is_root, run_cli
-from shapes_helpers import MB, Truth, shape_argv, true_mb_per_min
+from shapes_helpers import MB, Truth, TruthLog, shape_argv
 
 from leaktrace.session import SessionReader
 
@@ -24,37 +22,14 @@ BLOCK = 1000
 CHUNK = 1008  # malloc(1000) takes a 1008-byte chunk (8-byte size header, 16-byte alignment)
 
 
-class TruthLog:
-    """The fixture's truth file sampled every 100 ms while the hunt runs (held bytes at any moment)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: list[Truth] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            self.rows.append(Truth.read(self.path))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def held_at(self, t_monotonic: float) -> float:
-        return float(np.interp(t_monotonic, [r.t for r in self.rows], [r.held for r in self.rows]))
-
-
 def _hunt(spawn, shapes_bin: Path, tmp_path: Path, shape: str, kib_per_s: float, *extra: str,
           duration: int = 30, env: dict[str, str] | None = None) -> tuple[dict, TruthLog, Path]:
     truth = tmp_path / "truth"
     target = spawn(shape_argv(shapes_bin, shape, kib_per_s, truth, *extra), env=env)
     Truth.read(truth)
-    log = TruthLog(truth)
     out = tmp_path / "hunt"
-    r = run_cli("hunt", "--pid", target.pid, "--duration", duration, "--out", out)
-    log.stop()
+    with TruthLog(truth) as log:
+        r = run_cli("hunt", "--pid", target.pid, "--duration", duration, "--out", out)
     assert r.returncode == 0, r.stderr
     return json.loads((out / "report.json").read_text()), log, out
 
@@ -76,7 +51,7 @@ def _check_heap_culprit(rep: dict, log: TruthLog, out: Path, chunk: int = CHUNK)
     grown = (log.held_at(t0 + t_end) - log.held_at(t0 + meta["attach_s"])) * chunk / BLOCK
     assert top["outstanding_bytes"] == pytest.approx(grown, rel=0.05), (top["outstanding_bytes"], grown)
     # Rate: against the fixture's own over the hunt.
-    truth_rate = true_mb_per_min(log.rows[0], log.rows[-1]) * chunk / BLOCK
+    truth_rate = log.mb_per_min(log.samples[0][0], log.samples[-1][0]) * chunk / BLOCK
     assert top["mb_per_min"] == pytest.approx(truth_rate, rel=0.15), (top["mb_per_min"], truth_rate)
     assert truth_rate > 30, "the fixture did not leak as asked"
 
@@ -106,7 +81,7 @@ def test_mmapped_malloc_chunks_are_named_by_the_calling_library(spawn, shapes_bi
 
 def test_balanced_churn_has_no_malloc_heap_culprit(spawn, shapes_bin, tmp_path):
     rep, log, _out = _hunt(spawn, shapes_bin, tmp_path, "churn", 0, duration=20)
-    assert log.rows[-1].held == 0
+    assert log.samples[-1][1] == 0
     assert [c for c in rep["culprits"] if c["kind"] == "malloc-heap"] == [], rep["culprits"]
     assert rep["verdict"] == "no-leak", rep["culprits"]
     assert abs(rep["ledger"]["outstanding_bytes"]) < 4 * MB
