@@ -242,3 +242,58 @@ def test_growth_without_a_window_continues_the_memory_below() -> None:
     assert spans(led)[0] == (1000, 1002, 0x3000) and len(led.intervals(1)) == 2  # one heap interval + the rest
     assert led.origin_before(1, 1010 * P) is None  # reserved below: nothing to continue
     assert led.origin_before(2, 1000 * P) is None
+
+
+S = Origin("shm", t_born=4, site=0x4000)
+
+
+def test_sysv_attach_detach_by_address_only(led: OutstandingLedger) -> None:
+    """shmdt names an address: the segment attached there goes, whole, and nothing else (the segment
+    attached right above it, as the kernel places them, stays)."""
+    led.shmat(1, 200 * P, 3 * P + 1, S)  # the size rounds up to pages, like the VMA
+    led.shmat(1, 204 * P, 2 * P, S)
+    led.shmat(1, 206 * P, 2 * P, S)  # adjacent to the one below
+    assert led.totals(1).outstanding_bytes == 10 * P + 4 * P + 2 * P + 2 * P
+    assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 204 * P)] == [(204, 206)]
+    assert spans(led) == [(100, 110, 0x1000), (200, 204, 0x4000), (206, 208, 0x4000)]
+    assert led.shmdt(1, 204 * P) == []  # detached already: the kernel's shmdt fails too
+    assert led.shmdt(1, 100 * P) == []  # an mmap, not a segment
+    assert spans(led)[0] == (100, 110, 0x1000)
+
+
+def test_sysv_detach_spares_what_was_mapped_into_the_segment(led: OutstandingLedger) -> None:
+    """A munmap of part of a segment then a mapping placed in the hole: shmdt removes the segment's
+    remaining pieces, not the newcomer (the kernel unmaps only that segment's VMAs)."""
+    led.shmat(1, 200 * P, 4 * P, S)
+    led.munmap(1, 201 * P, P)
+    led.mmap(1, 201 * P, P, B)
+    led.shmdt(1, 200 * P)
+    assert spans(led) == [(100, 110, 0x1000), (201, 202, 0x2000)]
+
+
+def test_sysv_segment_unmapped_whole_is_forgotten(led: OutstandingLedger) -> None:
+    led.shmat(1, 200 * P, 2 * P, S)
+    led.munmap(1, 200 * P, 2 * P)
+    led.mmap(1, 200 * P, 2 * P, B)  # a plain mmap reuses the range
+    assert led.shmdt(1, 200 * P) == []
+    assert spans(led)[-1] == (200, 202, 0x2000)
+
+
+def test_sysv_segment_attached_before_tracing_detaches() -> None:
+    """A segment seen at attach (or inherited at fork) is a pre-existing /SYSV mapping: its shmdt removes
+    that one mapping, not the adjacent one of another segment."""
+    led = OutstandingLedger()
+    led.seed(1, [(200 * P, 202 * P, "/SYSV00000000 (deleted)"), (202 * P, 205 * P, "/SYSV00000000 (deleted)"),
+                 (205 * P, 206 * P, "/usr/lib/libc.so.6")])
+    assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 200 * P)] == [(200, 202)]
+    assert led.shmdt(1, 205 * P) == []  # a file mapping is not detached by shmdt
+    assert [(iv.start // P, iv.end // P) for iv in led.intervals(1)] == [(202, 205), (205, 206)]
+
+
+def test_sysv_ipc_rmid_keeps_the_mapping_until_exit(led: OutstandingLedger) -> None:
+    """IPC_RMID is not a detach: the segment's memory stays mapped (and counted) while attached; the
+    process's exit releases it, and its attachments are forgotten with it."""
+    led.shmat(1, 200 * P, 2 * P, S)
+    assert led.totals(1).outstanding_bytes == 12 * P
+    led.exit(1)
+    assert led.totals(1).outstanding_bytes == 0 and 1 not in led.shm_segments
