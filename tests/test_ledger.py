@@ -297,3 +297,22 @@ def test_sysv_ipc_rmid_keeps_the_mapping_until_exit(led: OutstandingLedger) -> N
     assert led.totals(1).outstanding_bytes == 12 * P
     led.exit(1)
     assert led.totals(1).outstanding_bytes == 0 and 1 not in led.shm_segments
+
+
+def test_sysv_segment_sized_from_maps_by_inode_and_offset() -> None:
+    """A segment's size is its attach's mappings in /proc/PID/maps: the one at the address whose inode is the
+    shmid, and those continuing it at their offset (split by mprotect); not the same segment attached again
+    right above, nor another segment attached at that address since (inode differs)."""
+    from leaktrace.probes.bpf.sysvshm import _segment_extent, read_sysvipc_sizes
+    from leaktrace.procfs.parsers import Mapping
+
+    def m(a: int, b: int, off: int, ino: int) -> Mapping:
+        return Mapping(a * P, b * P, "rw-s", off * P, "00:01", ino, "/SYSV00000000 (deleted)")
+
+    maps = [m(10, 12, 0, 7), m(12, 13, 2, 7), m(13, 15, 0, 7), m(20, 21, 0, 8)]
+    assert _segment_extent(maps, 10 * P, 7) == 3 * P
+    assert _segment_extent(maps, 13 * P, 7) == 2 * P
+    assert _segment_extent(maps, 20 * P, 7) is None
+    text = ("       key      shmid perms                  size  cpid  lpid nattch   uid\n"
+            "         0         98  1600                 12388  4242  4242      1     0\n")
+    assert read_sysvipc_sizes(text) == {98: 12388}

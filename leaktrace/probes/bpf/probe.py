@@ -33,6 +33,8 @@ from leaktrace.probes.bpf.layout import (
     EV_MPROTECT,
     EV_MREMAP,
     EV_MUNMAP,
+    EV_SHMAT,
+    EV_SHMDT,
     EXIT_NO_CODE,
     EXIT_OOM,
     MREMAP_DONTUNMAP,
@@ -43,6 +45,7 @@ from leaktrace.probes.bpf.layout import (
 from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.snapshots import SnapshotRows
 from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
+from leaktrace.probes.bpf.sysvshm import ShmSizer
 
 
 def _read_maps(pid: int) -> list[MapEntry] | None:
@@ -106,7 +109,8 @@ class BpfProbe(SnapshotRows):
         # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
         self._korigin_ids: dict[tuple[str, int, int, int], int] = {}
         self._korigins: list[Origin] = []
-        self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._counters: dict[str, int] = {**dict.fromkeys(COUNTERS, 0), "shm_unsized": 0}
+        self.shm_sizer = ShmSizer()
         self._lib = None
         self._maps_refreshed: dict[int, float] = {}
         self.attach_s: float | None = None
@@ -252,8 +256,10 @@ class BpfProbe(SnapshotRows):
         if not self._queue:
             return False
         batch, self._queue = self._queue, []
-        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_EXEC, EV_EXIT) for e in batch)
+        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_SHMAT, EV_EXEC, EV_EXIT)
+                           for e in batch)
         kmap = self._scan_kernel() if needs_kernel else {}
+        self.shm_sizer.new_batch()
         taken: set[tuple[int, int]] = set()
         rows = []
         for e in batch:
@@ -290,6 +296,10 @@ class BpfProbe(SnapshotRows):
                                dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._origin_of(e, "anon"))
         elif e.type == EV_BRK:
             self.ledger.brk(pid, e.addr, self._growth_origin(e, "heap"))
+        elif e.type == EV_SHMAT:
+            self._apply_shmat(e, kmap, taken)
+        elif e.type == EV_SHMDT:
+            self.ledger.shmdt(pid, e.addr)
         elif e.type == EV_MPROTECT:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             # committed by libc's malloc (growing an arena heap): the malloc heap; by libc otherwise (a thread
@@ -325,6 +335,17 @@ class BpfProbe(SnapshotRows):
                 pass
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
+
+    def _apply_shmat(self, e: Event, kmap: dict, taken: set) -> None:
+        """A SysV segment attached: sized from /proc (sysvshm.py), then mapped like an mmap (SHM_REMAP may
+        overlay kernel-owned regions: absorbed first). The event row records the size found."""
+        size = self.shm_sizer.size(e.tgid, e.addr, e.fd & 0xFFFFFFFF)
+        if size is None:
+            self._counters["shm_unsized"] = self.shm_sizer.unsized
+            return
+        e.len = size
+        self._absorb(kmap, e.tgid, e.addr, e.addr + size, e.seq, taken)
+        self.ledger.shmat(e.tgid, e.addr, size, self._origin_of(e, "shm"))
 
     def _oom_marked(self, pid: int, code: int | None) -> bool:
         """A SIGKILLed process the OOM killer marked just after its exit event was sent (the kernel sends the

@@ -1,0 +1,89 @@
+"""The size of a SysV segment a target attached: the kernel half sends shmat's result address and the shmid
+only (no BPF helper reaches the new mapping or the segment from a tracepoint under BCC).
+
+/proc/PID/maps shows an attached segment as a shared mapping whose inode is the shmid ("/SYSV<key>
+(deleted)" once IPC_RMID'd): its extent at the attach address is exactly what shmat mapped, and the inode
+check makes sure it is that segment, not one attached at the same address later. The maps are read after the
+event, so the mapping is there unless the process detached it since; then /proc/sysvipc/shm (the segment's
+own size, by shmid, while the segment exists) answers, and when neither does the attach is left unsized —
+its shmdt, already in the ring, then removes nothing, so the ledger stays consistent, and the count of those
+says by how much it is not exact. One maps read per process per batch of events, only for batches that
+attach segments.
+"""
+
+from __future__ import annotations
+
+from leaktrace import procfs
+from leaktrace.errors import AccessDenied, ProcessGone
+from leaktrace.procfs.parsers import Mapping
+
+
+def _segment_extent(maps: list[Mapping], addr: int, shmid: int) -> int | None:
+    """Bytes mapped from ``addr`` by the attach of segment ``shmid`` there: its mapping at ``addr`` and the
+    ones that continue it (an mprotect of part of the segment splits it into several VMAs, each at its
+    offset into the segment; a second attach of the same segment right above starts again at offset 0)."""
+    end: int | None = None
+    for m in maps:  # sorted by start
+        if end is None and m.start == addr and m.inode == shmid and m.offset == 0:
+            end = m.end
+        elif end is not None:
+            if m.start != end or m.inode != shmid or m.offset != m.start - addr:
+                break
+            end = m.end
+    return None if end is None else end - addr
+
+
+def read_sysvipc_sizes(text: str) -> dict[int, int]:
+    """shmid -> size in bytes from /proc/sysvipc/shm (columns named by its header line)."""
+    lines = text.splitlines()
+    if not lines:
+        return {}
+    cols = lines[0].split()
+    try:
+        i_id, i_size = cols.index("shmid"), cols.index("size")
+    except ValueError:
+        return {}
+    out: dict[int, int] = {}
+    for line in lines[1:]:
+        f = line.split()
+        if len(f) > max(i_id, i_size) and f[i_id].isdigit() and f[i_size].isdigit():
+            out[int(f[i_id])] = int(f[i_size])
+    return out
+
+
+class ShmSizer:
+    """Sizes of attached segments, from /proc read once per process per batch (:meth:`new_batch`)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, list[Mapping]] = {}
+        self._ipc: dict[int, int] | None = None
+        self.unsized = 0  # attaches whose size could not be read (detached and destroyed before the read)
+
+    def new_batch(self) -> None:
+        self._maps.clear()
+        self._ipc = None
+
+    def size(self, pid: int, addr: int, shmid: int) -> int | None:
+        maps = self._maps.get(pid)
+        if maps is None:
+            try:
+                maps = procfs.read_maps(pid)
+            except (ProcessGone, AccessDenied, procfs.ParseError, OSError):
+                maps = []
+            self._maps[pid] = maps
+        n = _segment_extent(maps, addr, shmid)
+        if n is None:
+            n = self._ipc_sizes().get(shmid)
+        if not n:
+            self.unsized += 1
+            return None
+        return n
+
+    def _ipc_sizes(self) -> dict[int, int]:
+        if self._ipc is None:
+            try:
+                with open(f"{procfs.PROC}/sysvipc/shm") as f:
+                    self._ipc = read_sysvipc_sizes(f.read())
+            except OSError:
+                self._ipc = {}
+        return self._ipc
