@@ -266,6 +266,7 @@ class BpfProbe(SnapshotRows):
             self._apply(e, kmap, taken)
             rows.append(self._event_row(e))
         self._refresh_due_maps()
+        self._counters["shm_unsized"] = self.shm_sizer.unsized
         if self.ctx is not None:
             self.ctx.session.append("bpf_events", rows)
         return len(batch) >= MAX_BATCH
@@ -299,6 +300,7 @@ class BpfProbe(SnapshotRows):
         elif e.type == EV_SHMAT:
             self._apply_shmat(e, kmap, taken)
         elif e.type == EV_SHMDT:
+            self.shm_sizer.detached(pid, e.addr)
             self.ledger.shmdt(pid, e.addr)
         elif e.type == EV_MPROTECT:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
@@ -320,6 +322,7 @@ class BpfProbe(SnapshotRows):
         elif e.type == EV_EXEC:
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exec(pid)
+            self.shm_sizer.forget(pid)
             self.symbols.forget(pid)
             self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
             self._seed(pid)
@@ -328,6 +331,7 @@ class BpfProbe(SnapshotRows):
             self._record_exit(pid, e.seq, kmap, code, bool(e.flags & EXIT_OOM) or self._oom_marked(pid, code))
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
+            self.shm_sizer.forget(pid)
             self._known.discard(pid)
             try:
                 del self.prog[b"runtime"][ct.c_uint32(pid)]
@@ -341,7 +345,6 @@ class BpfProbe(SnapshotRows):
         overlay kernel-owned regions: absorbed first). The event row records the size found."""
         size = self.shm_sizer.size(e.tgid, e.addr, e.fd & 0xFFFFFFFF)
         if size is None:
-            self._counters["shm_unsized"] = self.shm_sizer.unsized
             return
         e.len = size
         self._absorb(kmap, e.tgid, e.addr, e.addr + size, e.seq, taken)

@@ -21,8 +21,8 @@ Session tables written (``t`` = seconds since hunt start, as every table):
 ``bpf_missed``       one row per target already gone when the probe went live (it died while the program
                      compiled): t (when the probe went live), pid, exit_code (-1 unless still a zombie)
 ``bpf_counters``     per tick: t, syscalls, fast_maps, settled, slow_events, lost_events, map_full,
-                     stacks, failed, shm_unsized (SysV attaches whose size was gone from /proc before it
-                     was read: not in the ledger), ring_pending, kernel_regions, header_kind
+                     stacks, failed, shm_unsized (SysV attaches not in the ledger: gone from /proc before
+                     they were sized, and not detached since), ring_pending, kernel_regions, header_kind
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ only (no BPF helper reaches the new mapping or the segment from a tracepoint und
 (deleted)" once IPC_RMID'd): its extent at the attach address is exactly what shmat mapped, and the inode
 check makes sure it is that segment, not one attached at the same address later. The maps are read after the
 event, so the mapping is there unless the process detached it since; then /proc/sysvipc/shm (the segment's
-own size, by shmid, while the segment exists) answers, and when neither does the attach is left unsized —
-its shmdt, already in the ring, then removes nothing, so the ledger stays consistent, and the count of those
-says by how much it is not exact. One maps read per process per batch of events, only for batches that
-attach segments.
+own size, by shmid, while the segment exists) answers. When neither does, the segment was detached (and
+destroyed) before the read: the attach is left out and its shmdt, already in the ring, removes nothing, so
+the ledger stays exact. Such an attach is "unsized" until its shmdt is seen; one never detached (the process
+ended first, or moved the mapping with mremap and destroyed the segment) stays counted: the ledger's known
+inexactness. One maps read per process per batch of events, only for batches that attach segments.
 """
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ class ShmSizer:
     def __init__(self) -> None:
         self._maps: dict[int, list[Mapping]] = {}
         self._ipc: dict[int, int] | None = None
-        self.unsized = 0  # attaches whose size could not be read (detached and destroyed before the read)
+        # (pid, address) -> attaches there whose size could not be read and whose shmdt is not seen yet
+        self._unsized: dict[tuple[int, int], int] = {}
+        self.unsized_total = 0  # every attach left unsized (most are detached at once: balanced)
+
+    @property
+    def unsized(self) -> int:
+        """Attaches not in the ledger that may still be held: unsized, and not detached since."""
+        return sum(self._unsized.values())
 
     def new_batch(self) -> None:
         self._maps.clear()
@@ -75,9 +83,21 @@ class ShmSizer:
         if n is None:
             n = self._ipc_sizes().get(shmid)
         if not n:
-            self.unsized += 1
+            self._unsized[(pid, addr)] = self._unsized.get((pid, addr), 0) + 1
+            self.unsized_total += 1
             return None
         return n
+
+    def detached(self, pid: int, addr: int) -> None:
+        """A shmdt: an unsized attach there is balanced (it held nothing the ledger misses)."""
+        left = self._unsized.pop((pid, addr), 0) - 1
+        if left > 0:
+            self._unsized[(pid, addr)] = left
+
+    def forget(self, pid: int) -> None:
+        """The process exited or exec'd: its attachments are released, sized or not."""
+        for key in [k for k in self._unsized if k[0] == pid]:
+            del self._unsized[key]
 
     def _ipc_sizes(self) -> dict[int, int]:
         if self._ipc is None:
