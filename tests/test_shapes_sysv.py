@@ -106,6 +106,8 @@ def test_ledger_follows_attach_detach_and_rmid_exactly(tmp_path, client) -> None
     client.cmd("rm", segs[2][1])  # removed while attached: still mapped, still counted
     client.cmd("dt", segs[3][0])
     client.cmd("rm", segs[3][1])
+    gone = client.cmd("at", 2 * PAGE + 1)  # detached at once but not removed: sized from /proc/sysvipc/shm
+    client.cmd("dt", gone[0])
     client.cmd("churn", 200, 16 * 1024, 0)  # balanced, detached before the probe could size them
     client.cmd("churn", 20, 16 * 1024, 0.3)  # balanced, sized while held
     time.sleep(0.3)
@@ -113,13 +115,15 @@ def test_ledger_follows_attach_detach_and_rmid_exactly(tmp_path, client) -> None
     held = _ledger_shm(tr, client.pid)
     assert held == _sysv_maps(client.pid)
     assert held == {segs[0][0]: PAGE, segs[2][0]: 64 * 1024, segs[4][0]: 5 * PAGE}
+    client.cmd("rm", gone[1])
     reader = tr.stop()
     ev = reader.table("bpf_events")
     shmat = ev[ev["type"] == "shmat"]
-    assert len(shmat) == 225 and len(ev[ev["type"] == "shmdt"]) == 222
+    assert len(shmat) == 226 and len(ev[ev["type"] == "shmdt"]) == 223
     # The size read from /proc: the mapping's, page-rounded. Attaches detached before the probe read /proc
     # have none and are left out (their shmdt follows: balanced either way).
     assert int(shmat["len"].iloc[2]) == 64 * 1024
+    assert int(shmat["len"].iloc[5]) == 3 * PAGE
     assert (shmat["len"].iloc[-20:] == 16 * 1024).all()
     assert int(reader.table("bpf_counters")["shm_unsized"].iloc[-1]) == 0  # none may still be held
     reg = reader.table("ledger_regions")

@@ -42,7 +42,7 @@ from leaktrace.probes.bpf.layout import (
     Range,
     WindowEvent,
 )
-from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
 from leaktrace.probes.bpf.snapshots import SnapshotRows
 from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
 from leaktrace.probes.bpf.sysvshm import ShmSizer
@@ -346,7 +346,7 @@ class BpfProbe(SnapshotRows):
         size = self.shm_sizer.size(e.tgid, e.addr, e.fd & 0xFFFFFFFF)
         if size is None:
             return
-        e.len = size
+        e.len = size = page_up(size)  # as the mapping (/proc/sysvipc/shm gives the segment's bytes)
         self._absorb(kmap, e.tgid, e.addr, e.addr + size, e.seq, taken)
         self.ledger.shmat(e.tgid, e.addr, size, self._origin_of(e, "shm"))
 

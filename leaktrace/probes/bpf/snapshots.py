@@ -4,7 +4,7 @@ and at stop every outstanding region and one stack per call site.
 Session tables written (``t`` = seconds since hunt start, as every table):
 
 ``bpf_events``       one row per slow-path event: t, type (mmap|munmap|mremap|brk|fork|exec|exit|libmap|mprotect|
-                     shmat|shmdt; a shmat's len is the segment size read from /proc, 0 when unknown),
+                     shmat|shmdt; a shmat's len is the segment size read from /proc, 0 when unknown, its fd the shmid),
                      pid, tid, addr, len, new_addr, new_len, flags, prot, site, stack_key, result, child
 ``bpf_stacks``       one row per call site: stack_key ("PID:0xRETADDR"), pid, site, stack_id, library,
                      symbol (the site frame as text), frames ("\\n"-joined, innermost first: the syscall

@@ -5,7 +5,8 @@ only (no BPF helper reaches the new mapping or the segment from a tracepoint und
 (deleted)" once IPC_RMID'd): its extent at the attach address is exactly what shmat mapped, and the inode
 check makes sure it is that segment, not one attached at the same address later. The maps are read after the
 event, so the mapping is there unless the process detached it since; then /proc/sysvipc/shm (the segment's
-own size, by shmid, while the segment exists) answers. When neither does, the segment was detached (and
+own size, by shmid, while the segment exists) answers — only for a process of leaktrace's own IPC namespace,
+the one that file lists (a shmid of another namespace names another segment). When neither does, the segment was detached (and
 destroyed) before the read: the attach is left out and its shmdt, already in the ring, removes nothing, so
 the ledger stays exact. Such an attach is "unsized" until its shmdt is seen; one never detached (the process
 ended first, or moved the mapping with mremap and destroyed the segment) stays counted: the ledger's known
@@ -13,6 +14,8 @@ inexactness. One maps read per process per batch of events, only for batches tha
 """
 
 from __future__ import annotations
+
+import os
 
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, ProcessGone
@@ -52,6 +55,16 @@ def read_sysvipc_sizes(text: str) -> dict[int, int]:
     return out
 
 
+def _same_ipc_namespace(pid: int) -> bool:
+    """Does ``pid`` share our IPC namespace (so our /proc/sysvipc/shm lists its segments)?"""
+    try:
+        theirs = os.stat(f"{procfs.PROC}/{pid}/ns/ipc")
+        ours = os.stat(f"{procfs.PROC}/self/ns/ipc")
+    except OSError:
+        return False  # gone, or not ours to read: do not guess
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+
+
 class ShmSizer:
     """Sizes of attached segments, from /proc read once per process per batch (:meth:`new_batch`)."""
 
@@ -80,7 +93,7 @@ class ShmSizer:
                 maps = []
             self._maps[pid] = maps
         n = _segment_extent(maps, addr, shmid)
-        if n is None:
+        if n is None and _same_ipc_namespace(pid):
             n = self._ipc_sizes().get(shmid)
         if not n:
             self._unsized[(pid, addr)] = self._unsized.get((pid, addr), 0) + 1
