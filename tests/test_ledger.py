@@ -316,3 +316,11 @@ def test_sysv_segment_sized_from_maps_by_inode_and_offset() -> None:
     text = ("       key      shmid perms                  size  cpid  lpid nattch   uid\n"
             "         0         98  1600                 12388  4242  4242      1     0\n")
     assert read_sysvipc_sizes(text) == {98: 12388}
+
+
+def test_sysv_segment_moved_by_mremap_detaches_at_its_new_address(led: OutstandingLedger) -> None:
+    led.shmat(1, 200 * P, 2 * P, S)
+    led.mremap(1, 200 * P, 2 * P, 300 * P, 2 * P)
+    assert led.shmdt(1, 200 * P) == []
+    assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 300 * P)] == [(300, 302)]
+    assert spans(led) == [(100, 110, 0x1000)]

@@ -110,6 +110,19 @@ class OutstandingLedger:
                 removed += sp.remove(s, e)
         return removed
 
+    def _move_segment(self, pid: int, old: int, old_len: int, new: int, new_len: int, dontunmap: bool) -> None:
+        """A SysV segment moved whole by mremap is detached at its new address (shmdt finds it there)."""
+        segs = self.shm_segments.get(pid)
+        if not segs:
+            return
+        size = segs.get(old)
+        if size is None or dontunmap or old_len < size:  # not a whole segment moving
+            self._forget_segments(pid, new, new + new_len)
+            return
+        del segs[old]
+        self._forget_segments(pid, new, new + new_len)
+        segs[new] = size
+
     def _forget_segments(self, pid: int, a: int, b: int) -> None:
         """Attachments wholly inside [a, b) are gone (unmapped, or mapped over): a later shmdt there fails."""
         segs = self.shm_segments.get(pid)
@@ -124,6 +137,7 @@ class OutstandingLedger:
         also when that piece existed before attach (its growth since is not pre-existing)."""
         sp = self.space(pid)
         old_len, new_len = page_up(old_len), page_up(new_len)
+        self._move_segment(pid, old, old_len, new, new_len, dontunmap)
         if dontunmap:
             pieces = sp._pieces(old, old + old_len)
         else:
