@@ -178,14 +178,16 @@ def exit_defines() -> dict[str, int]:
     return {**exit_code_defines(), **({"LT_OOM_TRACEPOINT": 1} if oom else {})}
 
 
+SYSV_TRACEPOINTS = ("sys_enter_shmat", "sys_exit_shmat", "sys_enter_shmdt")  # syscalls/, optional
+
+
 def sysv_defines() -> dict[str, int]:
     """``LT_SYSV_TRACEPOINTS`` when the kernel traces shmat/shmdt (CONFIG_SYSVIPC): attaching a missing
     tracepoint would fail the whole program, so without them SysV segments are left to the watcher."""
     from leaktrace.tracefs import mounted_root
 
     root = mounted_root()
-    names = ("sys_enter_shmat", "sys_exit_shmat", "sys_enter_shmdt")
-    ok = root is not None and all(os.path.isdir(f"{root}/events/syscalls/{n}") for n in names)
+    ok = root is not None and all(os.path.isdir(f"{root}/events/syscalls/{n}") for n in SYSV_TRACEPOINTS)
     return {"LT_SYSV_TRACEPOINTS": 1} if ok else {}
 
 
