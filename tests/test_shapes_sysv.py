@@ -185,4 +185,6 @@ def test_sysv_churn_is_no_shm_culprit(tmp_path, client):
     if not snaps.empty:
         shm = snaps[snaps["kind"] == "shm"].groupby("t")["outstanding_bytes"].sum()
         assert int(shm.max() if len(shm) else 0) <= 20 * 256 * 1024
-    assert int(reader.table("bpf_counters")["shm_unsized"].iloc[-1]) == 0
+    # Unsized attaches still waiting for their shmdt at the end: at most the round the hunt stopped in
+    # (read just after the client detached it, its shmdt after the last drain).
+    assert int(reader.table("bpf_counters")["shm_unsized"].iloc[-1]) <= 20
