@@ -1,4 +1,4 @@
-/* leaktrace's kernel half (BCC): every mmap/munmap/mremap/brk of the target process set.
+/* leaktrace's kernel half (BCC): every mmap/munmap/mremap/brk (and SysV shmat/shmdt) of the target process set.
  *
  * Fast path: a successful plain mmap becomes an entry of `regions` (address-keyed, per process);
  * a munmap or mremap that exactly matches an entry is settled here, so a balanced map/unmap
@@ -40,7 +40,8 @@
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
  * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
- * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim).
+ * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim), LT_SYSV_TRACEPOINTS
+ * (defined when it has the shmat/shmdt syscall tracepoints).
  *
  * How a process ended: at sched_process_exit the kernel has already stored the wait status in
  * task->exit_code (read at LT_TASK_EXIT_CODE_OFF, the offset user space takes from the kernel's BTF; no
@@ -81,6 +82,8 @@
 #define LT_MAP_ANONYMOUS 0x20ULL
 #define LT_MREMAP_FIXED 2ULL
 #define LT_MREMAP_DONTUNMAP 4ULL
+#define LT_SHM_RDONLY 010000ULL
+#define LT_SHM_EXEC 0100000ULL
 #define LT_MAX_ERRNO 4095
 
 /* host tgid (and tid of threads) -> 0, or, in a PID namespace, the parent's namespace tgid while the
@@ -581,6 +584,75 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
     emit_window(&ev);
     return 0;
 }
+
+#ifdef LT_SYSV_TRACEPOINTS
+/* SysV shared memory: shmat maps a segment without an mmap syscall, and shmdt unmaps it by address alone.
+ * Both are rare (set-up time, not per request), so both go to user space. The kernel half does not size the
+ * segment (no helper reaches the new VMA or the segment from a tracepoint under BCC): the SHMAT event carries
+ * the shmid and user space takes the size of the mapping at the returned address whose inode is that shmid
+ * (/proc/PID/maps: exact, and checked against the id). The call site is captured as for mmap. */
+TRACEPOINT_PROBE(syscalls, sys_enter_shmat)
+{
+    struct lt_ids ids;
+    if (!current_ids(&ids))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    u64 flg = (u64)args->shmflg;
+    u64 prot = 1 | ((flg & LT_SHM_RDONLY) ? 0 : 2) | ((flg & LT_SHM_EXEC) ? LT_PROT_EXEC : 0);
+    remember(args, &ids, (u64)args->shmaddr, 0, 0, 0, flg, prot, (u64)(u32)args->shmid);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
+{
+    u32 host_tid = (u32)bpf_get_current_pid_tgid();
+    struct lt_pending *p = pending.lookup(&host_tid);
+    if (!p)
+        return 0;
+    long ret = args->ret;
+    if (is_err(ret)) {
+        count(LT_CNT_FAILED);
+        pending.delete(&host_tid);
+        return 0;
+    }
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_SHMAT;
+    ev.tgid = p->tgid;
+    ev.tid = p->tid;
+    ev.addr = (u64)ret;
+    ev.flags = p->flags;
+    ev.prot = p->prot;
+    ev.fd = p->fd;  /* the shmid */
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = ret;
+    pending.delete(&host_tid);
+    emit(&ev);
+    return 0;
+}
+
+/* Decided at entry, like munmap: sent before the range is freed, so it is ordered before any mapping that
+ * reuses it. A shmdt that fails (no segment attached there) finds nothing to remove in user space either. */
+TRACEPOINT_PROBE(syscalls, sys_enter_shmdt)
+{
+    struct lt_ids ids;
+    if (!current_ids(&ids))
+        return 0;
+    count(LT_CNT_SYSCALLS);
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_SHMDT;
+    ev.tgid = ids.tgid;
+    ev.tid = ids.tid;
+    ev.addr = (u64)args->shmaddr;
+    read_site(&ev.site, &ev.ip);
+    ev.stack_id = -1;
+    emit(&ev);
+    return 0;
+}
+#endif
 
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {

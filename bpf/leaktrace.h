@@ -23,13 +23,17 @@
                           * flags holds LT_EXIT_* bits */
 #define LT_EV_LIBMAP 8   /* a file mapped executable (a library loaded): user space refreshes its maps copy */
 #define LT_EV_MPROTECT 9 /* protection changed (a heap's PROT_NONE reservation committed, or decommitted) */
+#define LT_EV_SHMAT 10   /* a SysV shm segment attached: addr = result, fd = shmid, flags = shmflg, len 0 (the
+                          * kernel half cannot size it: user space reads the mapping at addr whose inode is the
+                          * shmid from /proc/PID/maps) */
+#define LT_EV_SHMDT 11   /* a SysV shm segment detached (emitted at entry, like MUNMAP): addr */
 
 /* EXIT event flags (lt_event.flags). */
 #define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */
 #define LT_EXIT_NO_CODE 2     /* the exit code could not be read (no task_struct offset from BTF) */
 
 /* Per-CPU counters (index into the `counters` array). */
-#define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk of the target set */
+#define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk/mprotect/shmat/shmdt of the target set */
 #define LT_CNT_FAST_MAPS 1     /* mmaps kept in the kernel region map */
 #define LT_CNT_SETTLED 2       /* munmaps/mremaps settled in the kernel (exact match) */
 #define LT_CNT_SLOW 3          /* events handed to user space */

@@ -242,3 +242,85 @@ def test_growth_without_a_window_continues_the_memory_below() -> None:
     assert spans(led)[0] == (1000, 1002, 0x3000) and len(led.intervals(1)) == 2  # one heap interval + the rest
     assert led.origin_before(1, 1010 * P) is None  # reserved below: nothing to continue
     assert led.origin_before(2, 1000 * P) is None
+
+
+S = Origin("shm", t_born=4, site=0x4000)
+
+
+def test_sysv_attach_detach_by_address_only(led: OutstandingLedger) -> None:
+    """shmdt names an address: the segment attached there goes, whole, and nothing else (the segment
+    attached right above it, as the kernel places them, stays)."""
+    led.shmat(1, 200 * P, 3 * P + 1, S)  # the size rounds up to pages, like the VMA
+    led.shmat(1, 204 * P, 2 * P, S)
+    led.shmat(1, 206 * P, 2 * P, S)  # adjacent to the one below
+    assert led.totals(1).outstanding_bytes == 10 * P + 4 * P + 2 * P + 2 * P
+    assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 204 * P)] == [(204, 206)]
+    assert spans(led) == [(100, 110, 0x1000), (200, 204, 0x4000), (206, 208, 0x4000)]
+    assert led.shmdt(1, 204 * P) == []  # detached already: the kernel's shmdt fails too
+    assert led.shmdt(1, 100 * P) == []  # an mmap, not a segment
+    assert spans(led)[0] == (100, 110, 0x1000)
+
+
+def test_sysv_detach_spares_what_was_mapped_into_the_segment(led: OutstandingLedger) -> None:
+    """A munmap of part of a segment then a mapping placed in the hole: shmdt removes the segment's
+    remaining pieces, not the newcomer (the kernel unmaps only that segment's VMAs)."""
+    led.shmat(1, 200 * P, 4 * P, S)
+    led.munmap(1, 201 * P, P)
+    led.mmap(1, 201 * P, P, B)
+    led.shmdt(1, 200 * P)
+    assert spans(led) == [(100, 110, 0x1000), (201, 202, 0x2000)]
+
+
+def test_sysv_segment_unmapped_whole_is_forgotten(led: OutstandingLedger) -> None:
+    led.shmat(1, 200 * P, 2 * P, S)
+    led.munmap(1, 200 * P, 2 * P)
+    led.mmap(1, 200 * P, 2 * P, B)  # a plain mmap reuses the range
+    assert led.shmdt(1, 200 * P) == []
+    assert spans(led)[-1] == (200, 202, 0x2000)
+
+
+def test_sysv_segment_attached_before_tracing_detaches() -> None:
+    """A segment seen at attach (or inherited at fork) is a pre-existing /SYSV mapping: its shmdt removes
+    that one mapping, not the adjacent one of another segment."""
+    led = OutstandingLedger()
+    led.seed(1, [(200 * P, 202 * P, "/SYSV00000000 (deleted)"), (202 * P, 205 * P, "/SYSV00000000 (deleted)"),
+                 (205 * P, 206 * P, "/usr/lib/libc.so.6")])
+    assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 200 * P)] == [(200, 202)]
+    assert led.shmdt(1, 205 * P) == []  # a file mapping is not detached by shmdt
+    assert [(iv.start // P, iv.end // P) for iv in led.intervals(1)] == [(202, 205), (205, 206)]
+
+
+def test_sysv_ipc_rmid_keeps_the_mapping_until_exit(led: OutstandingLedger) -> None:
+    """IPC_RMID is not a detach: the segment's memory stays mapped (and counted) while attached; the
+    process's exit releases it, and its attachments are forgotten with it."""
+    led.shmat(1, 200 * P, 2 * P, S)
+    assert led.totals(1).outstanding_bytes == 12 * P
+    led.exit(1)
+    assert led.totals(1).outstanding_bytes == 0 and 1 not in led.shm_segments
+
+
+def test_sysv_segment_sized_from_maps_by_inode_and_offset() -> None:
+    """A segment's size is its attach's mappings in /proc/PID/maps: the one at the address whose inode is the
+    shmid, and those continuing it at their offset (split by mprotect); not the same segment attached again
+    right above, nor another segment attached at that address since (inode differs)."""
+    from leaktrace.probes.bpf.sysvshm import _segment_extent, read_sysvipc_sizes
+    from leaktrace.procfs.parsers import Mapping
+
+    def m(a: int, b: int, off: int, ino: int) -> Mapping:
+        return Mapping(a * P, b * P, "rw-s", off * P, "00:01", ino, "/SYSV00000000 (deleted)")
+
+    maps = [m(10, 12, 0, 7), m(12, 13, 2, 7), m(13, 15, 0, 7), m(20, 21, 0, 8)]
+    assert _segment_extent(maps, 10 * P, 7) == 3 * P
+    assert _segment_extent(maps, 13 * P, 7) == 2 * P
+    assert _segment_extent(maps, 20 * P, 7) is None
+    text = ("       key      shmid perms                  size  cpid  lpid nattch   uid\n"
+            "         0         98  1600                 12388  4242  4242      1     0\n")
+    assert read_sysvipc_sizes(text) == {98: 12388}
+
+
+def test_sysv_segment_moved_by_mremap_detaches_at_its_new_address(led: OutstandingLedger) -> None:
+    led.shmat(1, 200 * P, 2 * P, S)
+    led.mremap(1, 200 * P, 2 * P, 300 * P, 2 * P)
+    assert led.shmdt(1, 200 * P) == []
+    assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 300 * P)] == [(300, 302)]
+    assert spans(led) == [(100, 110, 0x1000)]

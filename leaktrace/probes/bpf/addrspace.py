@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class Origin:
     """Who created a piece of address space. Shared by all the pieces a region is later split into."""
 
-    kind: str  # "anon" | "file" | "heap" | "preexisting" | "reserve" (PROT_NONE anonymous: no memory)
+    kind: str  # "anon" | "file" | "heap" | "shm" (SysV shmat) | "preexisting" | "reserve" (PROT_NONE anonymous)
     t_born: int = 0  # ns, CLOCK_MONOTONIC (the BPF seq)
     site: int = 0  # caller's return address at the syscall
     ip: int = 0  # syscall instruction address

@@ -16,6 +16,7 @@ from leaktrace import resources
 from leaktrace.errors import BpfUnavailable
 from leaktrace.probes.bpf.btf import kernel_member_offset
 from leaktrace.probes.bpf.loader import (
+    SYSV_TRACEPOINTS,
     choose_headers,
     find_bcc_dir,
     load_program,
@@ -82,9 +83,13 @@ def bpf_doctor_checks() -> list[dict[str, Any]]:
     checks.append(_check("bpf syscall", ok, detail, "run as root (or grant CAP_BPF and CAP_PERFMON)"))
     tracefs = next((t for t in TRACEFS if _readable_dir(t / "events")), None)
     missing = [tp for tp in TRACEPOINTS if tracefs is None or not _exists(tracefs / "events" / tp / "id")]
+    # optional: without them (no CONFIG_SYSVIPC) SysV segments are the watcher's alone (loader.sysv_defines)
+    sysv = tracefs is not None and all(_exists(tracefs / "events" / "syscalls" / tp / "id") for tp in SYSV_TRACEPOINTS)
     checks.append(_check("syscall/sched tracepoints", tracefs is not None and not missing,
                          f"{len(TRACEPOINTS) - len(missing)}/{len(TRACEPOINTS)} present under {tracefs}"
-                         + (f"; missing {', '.join(missing)}" if missing else ""),
+                         + (f"; missing {', '.join(missing)}" if missing else "")
+                         + ("; SysV shmat/shmdt traced" if sysv else "; no shmat/shmdt tracepoints: SysV shm "
+                            "segments get no call site"),
                          "mount tracefs (mount -t tracefs nodev /sys/kernel/tracing); kernel needs "
                          "CONFIG_FTRACE_SYSCALLS"))
     ns = pid_namespace()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import ctypes as ct
 
 EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP, EV_MPROTECT = range(1, 10)
+EV_SHMAT, EV_SHMDT = 10, 11  # SysV shm attach (fd = shmid, len 0: sized in user space) and detach
 EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
-               EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect"}
+               EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect",
+               EV_SHMAT: "shmat", EV_SHMDT: "shmdt"}
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status

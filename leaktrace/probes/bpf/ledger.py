@@ -23,6 +23,7 @@ from leaktrace.probes.bpf.addrspace import AddressSpace, Interval, Origin, Origi
 
 PAGE = 4096
 RESERVE = Origin("reserve")  # address space reserved PROT_NONE: no memory until committed
+SYSV_PREFIX = "/SYSV"  # how /proc/PID/maps names a SysV segment's mapping ("/SYSV%08x (deleted)", the key)
 
 
 def page_up(n: int) -> int:
@@ -43,6 +44,9 @@ class OutstandingLedger:
         self.origins = OriginTable()  # shared by every address space: a call site is one entry
         self.exited: dict[int, int] = {}  # pid -> seq of exit
         self.execs: dict[int, int] = {}  # pid -> number of execs seen (symbol caches key on it)
+        # pid -> {attach address: page-rounded size} of the SysV segments attached since tracing began:
+        # shmdt names only the address, and detaches exactly the segment attached there
+        self.shm_segments: dict[int, dict[int, int]] = {}
 
     def space(self, pid: int) -> AddressSpace:
         sp = self.spaces.get(pid)
@@ -69,10 +73,62 @@ class OutstandingLedger:
 
     # -- syscalls
     def mmap(self, pid: int, start: int, length: int, origin: Origin) -> None:
+        self._forget_segments(pid, start, start + page_up(length))
         self.space(pid).insert(start, start + page_up(length), origin)
 
     def munmap(self, pid: int, start: int, length: int) -> list[Interval]:
+        self._forget_segments(pid, start, start + page_up(length))
         return self.space(pid).remove(start, start + page_up(length))
+
+    def shmat(self, pid: int, start: int, length: int, origin: Origin) -> None:
+        """A SysV segment of ``length`` bytes attached at ``start``: mapped like an mmap (SHM_REMAP replaces
+        what was there), and remembered by its address for the shmdt that will name only that address.
+        IPC_RMID changes nothing here: the mapping stays until detached (or unmapped, or the process ends)."""
+        size = page_up(length)
+        self._forget_segments(pid, start, start + size)
+        self.space(pid).insert(start, start + size, origin)
+        self.shm_segments.setdefault(pid, {})[start] = size
+
+    def shmdt(self, pid: int, addr: int) -> list[Interval]:
+        """Detach the segment attached at ``addr``. The kernel unmaps that segment's mappings within
+        [addr, addr + its size) and nothing else, so only shm pieces there go (a mapping placed inside the
+        range since, after a munmap of part of the segment, stays). A segment attached before tracing is
+        known by its pre-existing /SYSV mapping starting at ``addr``. Returns the removed pieces."""
+        sp = self.spaces.get(pid)
+        if sp is None:
+            return []
+        kinds = self.origins.origins
+        size = self.shm_segments.get(pid, {}).pop(addr, None)
+        if size is None:
+            first = sp._pieces(addr, addr + 1)
+            if not first or first[0][0] != addr or not _is_sysv(kinds[first[0][2]]):
+                return []  # nothing attached there: the kernel's shmdt fails too
+            size = sp._ends[sp._first_overlap(addr)] - addr  # seeded from one maps line: the whole VMA
+        removed: list[Interval] = []
+        for s, e, oid, _t in sp._pieces(addr, addr + size):
+            if _is_sysv(kinds[oid]):
+                removed += sp.remove(s, e)
+        return removed
+
+    def _move_segment(self, pid: int, old: int, old_len: int, new: int, new_len: int, dontunmap: bool) -> None:
+        """A SysV segment moved whole by mremap is detached at its new address (shmdt finds it there)."""
+        segs = self.shm_segments.get(pid)
+        if not segs:
+            return
+        size = segs.get(old)
+        if size is None or dontunmap or old_len < size:  # not a whole segment moving
+            self._forget_segments(pid, new, new + new_len)
+            return
+        del segs[old]
+        self._forget_segments(pid, new, new + new_len)
+        segs[new] = size
+
+    def _forget_segments(self, pid: int, a: int, b: int) -> None:
+        """Attachments wholly inside [a, b) are gone (unmapped, or mapped over): a later shmdt there fails."""
+        segs = self.shm_segments.get(pid)
+        if segs:
+            for start in [s for s, n in segs.items() if a <= s and s + n <= b]:
+                del segs[start]
 
     def mremap(self, pid: int, old: int, old_len: int, new: int, new_len: int, dontunmap: bool = False,
                origin: Origin | None = None) -> None:
@@ -81,6 +137,7 @@ class OutstandingLedger:
         also when that piece existed before attach (its growth since is not pre-existing)."""
         sp = self.space(pid)
         old_len, new_len = page_up(old_len), page_up(new_len)
+        self._move_segment(pid, old, old_len, new, new_len, dontunmap)
         if dontunmap:
             pieces = sp._pieces(old, old + old_len)
         else:
@@ -145,6 +202,7 @@ class OutstandingLedger:
     def exec(self, pid: int) -> None:
         """The address space was replaced: everything before is gone."""
         self.space(pid).clear()
+        self.shm_segments.pop(pid, None)
         self.execs[pid] = self.execs.get(pid, 0) + 1
 
     def exit(self, pid: int, seq: int = 0) -> None:
@@ -152,6 +210,7 @@ class OutstandingLedger:
         sp = self.spaces.pop(pid, None)
         if sp is not None:
             sp.clear()
+        self.shm_segments.pop(pid, None)
         self.exited[pid] = seq
 
     # -- queries
@@ -170,6 +229,11 @@ class OutstandingLedger:
                 tot.outstanding_bytes += end - start
                 tot.regions += 1
         return tot
+
+
+def _is_sysv(o: Origin) -> bool:
+    """A piece of a SysV segment: attached since tracing began, or seeded from a /SYSV mapping."""
+    return o.kind == "shm" or (o.preexisting and o.path.startswith(SYSV_PREFIX))
 
 
 # ----------------------------------------------------------------------------- symbolization

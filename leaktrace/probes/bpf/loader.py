@@ -178,6 +178,19 @@ def exit_defines() -> dict[str, int]:
     return {**exit_code_defines(), **({"LT_OOM_TRACEPOINT": 1} if oom else {})}
 
 
+SYSV_TRACEPOINTS = ("sys_enter_shmat", "sys_exit_shmat", "sys_enter_shmdt")  # syscalls/, optional
+
+
+def sysv_defines() -> dict[str, int]:
+    """``LT_SYSV_TRACEPOINTS`` when the kernel traces shmat/shmdt (CONFIG_SYSVIPC): attaching a missing
+    tracepoint would fail the whole program, so without them SysV segments are left to the watcher."""
+    from leaktrace.tracefs import mounted_root
+
+    root = mounted_root()
+    ok = root is not None and all(os.path.isdir(f"{root}/events/syscalls/{n}") for n in SYSV_TRACEPOINTS)
+    return {"LT_SYSV_TRACEPOINTS": 1} if ok else {}
+
+
 def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None = None) -> tuple[Any, HeaderChoice]:
     """Compile and load ``bpf/<name>`` with BCC. Raises :class:`BpfUnavailable` with a remedy."""
     if os.geteuid() != 0:
@@ -191,7 +204,8 @@ def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None =
     if not src.is_file():
         raise BpfUnavailable(f"BPF program {src} is missing", f"{resources.BPF.remedy()}; or pass --no-bpf")
     try:
-        prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(src_dir, {**exit_defines(), **(defines or {})}))
+        prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(src_dir, {**exit_defines(), **sysv_defines(),
+                                                                                 **(defines or {})}))
     except Exception as e:  # noqa: BLE001 - bcc raises bare Exception for compile/load failures
         raise BpfUnavailable(f"BPF program failed to load ({choice.kind} headers): {str(e).strip()[:300]}") from e
     return prog, choice

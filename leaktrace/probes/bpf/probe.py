@@ -33,6 +33,8 @@ from leaktrace.probes.bpf.layout import (
     EV_MPROTECT,
     EV_MREMAP,
     EV_MUNMAP,
+    EV_SHMAT,
+    EV_SHMDT,
     EXIT_NO_CODE,
     EXIT_OOM,
     MREMAP_DONTUNMAP,
@@ -40,9 +42,10 @@ from leaktrace.probes.bpf.layout import (
     Range,
     WindowEvent,
 )
-from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
 from leaktrace.probes.bpf.snapshots import SnapshotRows
 from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
+from leaktrace.probes.bpf.sysvshm import ShmSizer
 
 
 def _read_maps(pid: int) -> list[MapEntry] | None:
@@ -106,7 +109,8 @@ class BpfProbe(SnapshotRows):
         # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
         self._korigin_ids: dict[tuple[str, int, int, int], int] = {}
         self._korigins: list[Origin] = []
-        self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._counters: dict[str, int] = {**dict.fromkeys(COUNTERS, 0), "shm_unsized": 0}
+        self.shm_sizer = ShmSizer()
         self._lib = None
         self._maps_refreshed: dict[int, float] = {}
         self.attach_s: float | None = None
@@ -252,14 +256,17 @@ class BpfProbe(SnapshotRows):
         if not self._queue:
             return False
         batch, self._queue = self._queue, []
-        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_EXEC, EV_EXIT) for e in batch)
+        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_SHMAT, EV_EXEC, EV_EXIT)
+                           for e in batch)
         kmap = self._scan_kernel() if needs_kernel else {}
+        self.shm_sizer.new_batch()
         taken: set[tuple[int, int]] = set()
         rows = []
         for e in batch:
             self._apply(e, kmap, taken)
             rows.append(self._event_row(e))
         self._refresh_due_maps()
+        self._counters["shm_unsized"] = self.shm_sizer.unsized
         if self.ctx is not None:
             self.ctx.session.append("bpf_events", rows)
         return len(batch) >= MAX_BATCH
@@ -290,6 +297,11 @@ class BpfProbe(SnapshotRows):
                                dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._growth_origin(e, "anon"))
         elif e.type == EV_BRK:
             self.ledger.brk(pid, e.addr, self._growth_origin(e, "heap"))
+        elif e.type == EV_SHMAT:
+            self._apply_shmat(e, kmap, taken)
+        elif e.type == EV_SHMDT:
+            self.shm_sizer.detached(pid, e.addr)
+            self.ledger.shmdt(pid, e.addr)
         elif e.type == EV_MPROTECT:
             self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             # committed by libc's malloc (growing an arena heap): the malloc heap; by libc otherwise (a thread
@@ -310,6 +322,7 @@ class BpfProbe(SnapshotRows):
         elif e.type == EV_EXEC:
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exec(pid)
+            self.shm_sizer.forget(pid)
             self.symbols.forget(pid)
             self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
             self._seed(pid)
@@ -318,6 +331,7 @@ class BpfProbe(SnapshotRows):
             self._record_exit(pid, e.seq, kmap, code, bool(e.flags & EXIT_OOM) or self._oom_marked(pid, code))
             self._drop_kernel(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
+            self.shm_sizer.forget(pid)
             self._known.discard(pid)
             try:
                 del self.prog[b"runtime"][ct.c_uint32(pid)]
@@ -325,6 +339,16 @@ class BpfProbe(SnapshotRows):
                 pass
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
+
+    def _apply_shmat(self, e: Event, kmap: dict, taken: set) -> None:
+        """A SysV segment attached: sized from /proc (sysvshm.py), then mapped like an mmap (SHM_REMAP may
+        overlay kernel-owned regions: absorbed first). The event row records the size found."""
+        size = self.shm_sizer.size(e.tgid, e.addr, e.fd & 0xFFFFFFFF)
+        if size is None:
+            return
+        e.len = size = page_up(size)  # as the mapping (/proc/sysvipc/shm gives the segment's bytes)
+        self._absorb(kmap, e.tgid, e.addr, e.addr + size, e.seq, taken)
+        self.ledger.shmat(e.tgid, e.addr, size, self._origin_of(e, "shm"))
 
     def _oom_marked(self, pid: int, code: int | None) -> bool:
         """A SIGKILLed process the OOM killer marked just after its exit event was sent (the kernel sends the

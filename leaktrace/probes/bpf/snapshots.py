@@ -3,12 +3,13 @@ and at stop every outstanding region and one stack per call site.
 
 Session tables written (``t`` = seconds since hunt start, as every table):
 
-``bpf_events``       one row per slow-path event: t, type (mmap|munmap|mremap|brk|fork|exec|exit|libmap),
+``bpf_events``       one row per slow-path event: t, type (mmap|munmap|mremap|brk|fork|exec|exit|libmap|mprotect|
+                     shmat|shmdt; a shmat's len is the segment size read from /proc, 0 when unknown, its fd the shmid),
                      pid, tid, addr, len, new_addr, new_len, flags, prot, site, stack_key, result, child
 ``bpf_stacks``       one row per call site: stack_key ("PID:0xRETADDR"), pid, site, stack_id, library,
                      symbol (the site frame as text), frames ("\\n"-joined, innermost first: the syscall
                      instruction, the caller at the return address, then the frame-pointer walk)
-``ledger_snapshots`` per tick and (pid, library, kind): t, pid, library, kind (anon|file|heap),
+``ledger_snapshots`` per tick and (pid, library, kind): t, pid, library, kind (anon|file|heap|shm: SysV shmat),
                      outstanding_bytes, regions. Pre-existing mappings are not included.
 ``ledger_regions``   at stop, every outstanding region: pid, start, end, size, library, kind,
                      stack_key, preexisting, t_born (NaN for pre-existing), path, at_exit (False); and
@@ -20,7 +21,8 @@ Session tables written (``t`` = seconds since hunt start, as every table):
 ``bpf_missed``       one row per target already gone when the probe went live (it died while the program
                      compiled): t (when the probe went live), pid, exit_code (-1 unless still a zombie)
 ``bpf_counters``     per tick: t, syscalls, fast_maps, settled, slow_events, lost_events, map_full,
-                     stacks, failed, ring_pending, kernel_regions, header_kind
+                     stacks, failed, shm_unsized (SysV attaches not in the ledger: gone from /proc before
+                     they were sized, and not detached since), ring_pending, kernel_regions, header_kind
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from leaktrace.probes.bpf.layout import (
     EV_MPROTECT,
     EV_MREMAP,
     EV_MUNMAP,
+    EV_SHMAT,
+    EV_SHMDT,
     EVENT_NAMES,
     Event,
 )
@@ -75,7 +79,7 @@ class SnapshotRows(KernelSide):
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
 
     def _event_row(self, e: Event) -> dict[str, Any]:
-        has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT)
+        has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT)
         return {"t": self._t(e.seq), "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
                 "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
                 "new_len": _i64(e.new_len), "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd),
