@@ -605,14 +605,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_shmat)
 
 TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
 {
-    u32 host_tid = (u32)bpf_get_current_pid_tgid();
-    struct lt_pending *p = pending.lookup(&host_tid);
+    struct lt_pending *p = pending_of_current();
     if (!p)
         return 0;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending.delete(&host_tid);
+        pending_done(p);
         return 0;
     }
     struct lt_event ev = {};
@@ -628,7 +627,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending.delete(&host_tid);
+    pending_done(p);
     emit(&ev);
     return 0;
 }
