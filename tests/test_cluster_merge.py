@@ -107,11 +107,15 @@ def test_verdict_clean_failed_and_nodes_without_targets() -> None:
     assert merge_reports({}, [(ok, clean)])["verdict"] == "no-leak"
     failed = {"node_id": "b" * 56, "hostname": "n2", "status": "failed", "reason": "node died"}
     assert merge_reports({}, [(ok, clean), (failed, None)])["verdict"] == "inconclusive"
-    nothing_there = {"node_id": "c" * 56, "hostname": "n3", "status": "failed", "no_targets": True,
+    nothing_there = {"node_id": "c" * 56, "hostname": "n3", "status": "ok", "no_targets": True,
                      "reason": "no vLLM server on this node"}
     rep = merge_reports({}, [(ok, clean), (nothing_there, None)])
     assert rep["verdict"] == "no-leak"
-    assert rep["nodes"][1]["status"] == "failed" and rep["nodes"][1]["no_targets"]
+    # nothing to hunt is an answer, not a failed node
+    assert rep["nodes"][1]["status"] == "ok" and rep["nodes"][1]["no_targets"] and rep["nodes"][1]["verdict"] is None
+    assert rep["nodes"][1]["reason"] == "no vLLM server on this node"
+    assert "1 node(s) ok, 0 failed, 1 with nothing to hunt" in rep["stop_reason"]
+    assert merge_reports({}, [(ok, clean), (nothing_there, None), (failed, None)])["verdict"] == "inconclusive"
     assert merge_reports({}, [(nothing_there, None)])["verdict"] == "inconclusive"
 
 

@@ -15,7 +15,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         top = n["culprits"][0] if n["culprits"] else None
         top_s = (f"{top['kind']} {top.get('library') or ''} pid {top['pid']} {top['mb_per_min']:.2f} MB/min"
                  if top else "—")
-        status = n["status"] + (" (no targets)" if n.get("no_targets") else "")
+        status = "nothing to hunt" if n.get("no_targets") else n["status"]
         lines.append(f"| {n['hostname']} | {n.get('ip') or ''} | `{str(n['node_id'])[:12]}` | {status} | "
                      f"{n['verdict'] or '—'} | {top_s} | {n['reason'] or ''} |")
     if report["roles"]:

@@ -84,12 +84,14 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
     durations, attach = [], []
     for entry, rep in node_reports:
         ok = entry["status"] == "ok" and rep is not None
+        # No process to hunt there (no vLLM server, nothing matched): an answer, not a failure.
+        idle = bool(entry.get("no_targets")) and rep is None and entry["status"] in ("ok", "failed")
         node = {"node_id": entry["node_id"], "hostname": entry["hostname"], "ip": entry.get("ip"),
-                "status": "ok" if ok else "failed",
+                "status": "ok" if ok or idle else "failed",
                 "reason": entry.get("reason") if not ok else None,
                 "verdict": rep.get("verdict") if ok else None,
                 "culprits": [_tag(c, entry) for c in rep.get("culprits", [])] if ok else [],
-                "no_targets": bool(entry.get("no_targets")) and not ok,
+                "no_targets": idle,
                 "session": entry.get("session"), "targets": entry.get("targets", []),
                 "duration_s": rep.get("duration_s") if rep else None,
                 "stop_reason": rep.get("stop_reason") if rep else None}
@@ -115,7 +117,7 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
             attach.append(float(rep["attach_s"]))
     culprits.sort(key=lambda c: (-(c.get("mb_per_min") or 0.0), -(c.get("outstanding_bytes") or 0)))
 
-    verdicts = [n["verdict"] for n in nodes_out if n["status"] == "ok"]
+    verdicts = [n["verdict"] for n in nodes_out if n["status"] == "ok" and not n["no_targets"]]
     # A node with nothing to hunt (no vLLM there, no match) does not make a clean cluster doubtful; a node
     # whose hunt failed does.
     hunted = [n for n in nodes_out if not n["no_targets"]]
@@ -133,7 +135,8 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
         "duration_s": round(max(durations), 3) if durations else 0.0,
         "attach_s": round(max(attach), 3) if attach else None,
         "stop_reason": (f"{meta['stop_reason']}; " if meta.get("stop_reason", "completed") != "completed" else "")
-        + f"cluster: {len(nodes_out) - len(failed)} node(s) ok, {len(failed)} failed",
+        + f"cluster: {len(hunted) - len(failed)} node(s) ok, {len(failed)} failed"
+        + (f", {len(nodes_out) - len(hunted)} with nothing to hunt" if len(nodes_out) > len(hunted) else ""),
         "address": meta.get("address"),
         "targets": meta.get("targets"),
         "processes": processes,

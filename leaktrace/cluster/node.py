@@ -118,7 +118,7 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     if request["vllm"]:
         found = _vllm_roots()
         if found == []:
-            result["no_targets"] = True
+            result["status"], result["no_targets"] = "ok", True  # nothing to hunt is not a failure
             result["reason"] = "no vLLM server on this node"
             return _finish(result, t0)
         result["targets"] = [{"pid": p} for p in found or []]
@@ -127,7 +127,7 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
         targets = match_processes(request["match"])
         result["targets"] = targets
         if not targets:
-            result["no_targets"] = True
+            result["status"], result["no_targets"] = "ok", True  # nothing to hunt is not a failure
             result["reason"] = f"no process on this node matches --match {request['match']!r}"
             return _finish(result, t0)
         for t in targets:
@@ -135,7 +135,7 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     else:
         result["targets"] = [{"pid": p} for p in node_pids]
         if not node_pids:
-            result["no_targets"] = True
+            result["status"], result["no_targets"] = "ok", True  # nothing to hunt is not a failure
             result["reason"] = "no --pid was given for this node"
             return _finish(result, t0)
         for p in node_pids:

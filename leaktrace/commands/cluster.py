@@ -103,7 +103,7 @@ def _print_summary(report: dict, out: str) -> None:
 
     for n in report["nodes"]:
         top = n["culprits"][0] if n["culprits"] else None
-        detail = n["reason"] if n["status"] == "failed" else (
+        detail = n["reason"] if n["status"] == "failed" or n.get("no_targets") else (
             f"{n['verdict']}" + (f" — {top['kind']} {top.get('library') or ''} pid {top['pid']} "
                                  f"{top['mb_per_min']:.2f} MB/min" if top else ""))
         click.echo(f"{n['hostname']} ({n.get('ip')}): {n['status']}: {detail}")
