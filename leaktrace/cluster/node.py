@@ -153,32 +153,14 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     argv += ["--out", str(out)]
     timeout = float(request["timeout_s"]) - 5.0  # leave the task time to pack and answer
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_die_with_parent)
-        try:
-            stdout, stderr = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
-        except KeyboardInterrupt:  # ray.cancel() of this task (Ctrl-C on the driver): stop the hunt first
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # the hunt stops cleanly on SIGTERM and still writes what it has
-            try:
-                stdout, stderr = proc.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                stdout, stderr = proc.communicate()
-            result["reason"] = f"hunt did not finish within {timeout:.0f}s (stopped; partial session kept)"
-        result["rc"] = proc.returncode
+        rc, stderr, result["reason"] = _run_hunt(argv, timeout, max(1.0, timeout - (time.monotonic() - t0)))
+        result["rc"] = rc
         result["stderr_tail"] = stderr[-4000:]
         if result["reason"] is None:
-            if proc.returncode == 0:
+            if rc == 0:
                 result["status"] = "ok"
             else:
-                why = _error_line(stderr) or f"`leaktrace hunt` exited with code {proc.returncode}"
+                why = _error_line(stderr) or f"`leaktrace hunt` exited with code {rc}"
                 result["reason"] = why
         if (out / "meta.json").exists():
             if request.get("shared_dir"):
@@ -189,6 +171,31 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
     return _finish(result, t0)
+
+
+def _run_hunt(argv: list[str], timeout: float, left_s: float) -> tuple[int, str, str | None]:
+    """Run one `leaktrace hunt` for at most ``left_s`` seconds: (exit status, stderr, why it was stopped)."""
+    reason = None
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_die_with_parent)
+    try:
+        _stdout, stderr = proc.communicate(timeout=left_s)
+    except KeyboardInterrupt:  # ray.cancel() of this task (Ctrl-C on the driver): stop the hunt first
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the hunt stops cleanly on SIGTERM and still writes what it has
+        try:
+            _stdout, stderr = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _stdout, stderr = proc.communicate()
+        reason = f"hunt did not finish within {timeout:.0f}s (stopped; partial session kept)"
+    return proc.returncode, stderr, reason
 
 
 def stop_node_hunts(run_id: str) -> list[int]:
