@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_helpers import NodeFixture, _missing, _node, _node_hunts, _why, cluster_cli
 from conftest import REPO, run_cli
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -25,49 +26,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 HUNT_S = 20
 LEAK_B_KIB_S = 2048  # 120 MB/min
 LEAK_HEAD_KIB_S = 1024  # 60 MB/min
-
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network and PID namespaces)"
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return "Ray is not installed (bash .ci/setup.d/50-cluster.sh)"
-    for tool in ("unshare", "nsenter", "ip"):
-        if subprocess.run(["which", tool], capture_output=True).returncode != 0:
-            return f"{tool} missing (apt-get install util-linux iproute2)"
-    r = subprocess.run(["unshare", "--net", "--", "true"], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"cannot create a network namespace: {r.stderr.strip()}"
-    return None
-
-
-class NodeFixture:
-    """A fixture process started inside one node's PID and mount namespaces; ``pid`` is its PID there."""
-
-    def __init__(self, node, argv: list[str]) -> None:
-        self.popen = subprocess.Popen([*node.enter(), *map(str, argv)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
-        line = _readline(self.popen, timeout=15)
-        if not line.startswith("ready "):
-            self.kill()
-            raise RuntimeError(f"fixture on {node.name} did not start: {line!r}")
-        self.pid = int(line.split()[1])
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.popen.wait(timeout=10)
-
-
-def _readline(p: subprocess.Popen, timeout: float) -> str:
-    import select
-
-    ready, _, _ = select.select([p.stdout], [], [], timeout)
-    return p.stdout.readline() if ready else ""  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")
@@ -97,23 +55,6 @@ def ray_cluster() -> Iterator:
             f.kill()
         cluster.stop()
         print(f"cluster down in {cluster.down_s:.1f}s", file=sys.stderr)
-
-
-def cluster_cli(cluster, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`leaktrace cluster …` as the driver, inside the cluster's network namespace."""
-    return cluster.run_in_netns([sys.executable, "-m", "leaktrace", "cluster", *map(str, args)],
-                                timeout=timeout, cwd=str(REPO))
-
-
-def _why(out: Path) -> str:
-    """What each node answered (status, reason, the tail of its hunt's stderr), for a failing assert."""
-    meta = json.loads((out / "cluster.json").read_text())
-    return "\n".join(f"{n['hostname']}: {n['status']} {n['reason']} rc={n['rc']}\n{n['stderr_tail'][-1500:]}"
-                     for n in meta["nodes"])
-
-
-def _node(report: dict, hostname: str) -> dict:
-    return next(n for n in report["nodes"] if n["hostname"] == hostname)
 
 
 def test_network_namespace_has_only_loopback(ray_cluster) -> None:
@@ -222,21 +163,6 @@ def test_node_without_vllm_is_reported_without_targets(ray_cluster, tmp_path: Pa
     assert c["hostname"] == "lt-c" and c["status"] == "ok" and c["no_targets"] and c["verdict"] is None, c
     assert c["reason"] == "no vLLM server on this node"
     assert report["verdict"] == "inconclusive" and report["culprits"] == []
-
-
-def _node_hunts() -> dict[int, Path]:
-    """Host pid → --out of every `leaktrace hunt` that a node task runs (their --out is a node temp dir)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "hunt" in argv and "--out" in argv and "leaktrace-node-" in argv[argv.index("--out") + 1]:
-            found[int(entry.name)] = Path(argv[argv.index("--out") + 1])
-    return found
 
 
 def test_ctrl_c_of_driver_stops_every_node_and_keeps_their_sessions(ray_cluster, tmp_path: Path) -> None:
