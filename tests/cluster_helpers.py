@@ -159,16 +159,20 @@ class RayNamespaceCluster:
 
     # -- start
     @classmethod
-    def start(cls, names_ips: list[tuple[str, str]], timeout: float = 120) -> RayNamespaceCluster:
+    def start(cls, names_ips: list[tuple[str, str]], timeout: float = 120,
+              wrappers: dict[str, list[str]] | None = None) -> RayNamespaceCluster:
         """Start a head (the first entry) and workers, each in its own PID namespace, all in one private
-        network namespace; returns once every node is alive in the GCS (or raises, after tearing down)."""
+        network namespace; returns once every node is alive in the GCS (or raises, after tearing down).
+        ``wrappers``: a command prefix per node name for its `ray start` (e.g. setpriv dropping capabilities:
+        a node without eBPF)."""
         t0 = time.monotonic()
         root = Path(tempfile.mkdtemp(prefix="ltray-", dir="/tmp"))  # short: Ray's socket paths are limited
         netns = NetNamespace.create()
         cluster = cls(netns=netns, root=root)
         try:
             for i, (name, ip) in enumerate(names_ips):
-                cluster._start_node(name, ip, head=(i == 0), agent_port=52365 + i)
+                cluster._start_node(name, ip, head=(i == 0), agent_port=52365 + i,
+                                    wrapper=(wrappers or {}).get(name, []))
                 if i == 0:
                     cluster._wait_gcs(timeout=max(5.0, timeout - (time.monotonic() - t0)))
             cluster._wait_alive(timeout=max(5.0, timeout - (time.monotonic() - t0)))
@@ -178,7 +182,7 @@ class RayNamespaceCluster:
         cluster.up_s = time.monotonic() - t0
         return cluster
 
-    def _start_node(self, name: str, ip: str, head: bool, agent_port: int) -> None:
+    def _start_node(self, name: str, ip: str, head: bool, agent_port: int, wrapper: list[str]) -> None:
         temp_dir = self.root / name
         temp_dir.mkdir()
         log_path = self.root / f"{name}.log"
@@ -190,7 +194,7 @@ class RayNamespaceCluster:
             args += ["--head", "--port", str(GCS_PORT), "--include-dashboard", "false"]
         else:
             args += ["--address", self.address]
-        script = f"hostname {name} && exec " + " ".join(_sh_quote(a) for a in args)
+        script = f"hostname {name} && exec " + " ".join(_sh_quote(a) for a in [*wrapper, *args])
         argv = [*self.netns.enter(), "unshare", "--pid", "--fork", "--kill-child=SIGTERM", "--mount-proc",
                 "--uts", "--", "sh", "-c", script]
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",

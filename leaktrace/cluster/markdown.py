@@ -17,7 +17,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                  if top else "—")
         status = "nothing to hunt" if n.get("no_targets") else n["status"]
         lines.append(f"| {n['hostname']} | {n.get('ip') or ''} | `{str(n['node_id'])[:12]}` | {status} | "
-                     f"{n['verdict'] or '—'} | {top_s} | {n['reason'] or ''} |")
+                     f"{n['verdict'] or '—'} | {top_s} | {'; '.join([n['reason'] or '', *n.get('notes', [])]).strip('; ')} |")
     if report["roles"]:
         lines += ["", "## vLLM instances by role (prefill vs decode)", "",
                   "| role | node | instance | pids | RSS MB/min | anon MB/min | USS MB/min |",

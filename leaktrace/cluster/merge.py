@@ -91,7 +91,7 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
                 "reason": entry.get("reason") if not ok else None,
                 "verdict": rep.get("verdict") if ok else None,
                 "culprits": [_tag(c, entry) for c in rep.get("culprits", [])] if ok else [],
-                "no_targets": idle,
+                "no_targets": idle, "notes": list(entry.get("notes") or []),
                 "session": entry.get("session"), "targets": entry.get("targets", []),
                 "duration_s": rep.get("duration_s") if rep else None,
                 "stop_reason": rep.get("stop_reason") if rep else None}
@@ -110,7 +110,7 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
         for k in ("outstanding_bytes", "events", "lost_events"):
             ledger[k] += int(led.get(k) or 0)
         ledger["available"] = ledger["available"] or bool(led.get("available"))
-        warnings += [f"{entry['hostname']}: {w}" for w in rep.get("warnings", [])]
+        warnings += [f"{entry['hostname']}: {w}" for w in [*node["notes"], *rep.get("warnings", [])]]
         if rep.get("duration_s") is not None:
             durations.append(float(rep["duration_s"]))
         if rep.get("attach_s") is not None:

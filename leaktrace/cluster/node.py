@@ -18,7 +18,7 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.cluster.request import node_label
-from leaktrace.errors import LeaktraceError
+from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.vllm.discover import vllm_targets
 
 
@@ -111,7 +111,7 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     t0 = time.monotonic()
     ident = node_identity()
     result: dict[str, Any] = {**ident, "status": "failed", "reason": None, "no_targets": False,
-                              "targets": [], "rc": None,
+                              "targets": [], "rc": None, "notes": [],
                               "stderr_tail": "", "session_tar": None, "session_path": None}
     argv = [sys.executable, "-m", "leaktrace", "hunt", "--duration", str(request["duration"]), "--no-live",
             *request["hunt_args"]]
@@ -154,6 +154,14 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     timeout = float(request["timeout_s"]) - 5.0  # leave the task time to pack and answer
     try:
         rc, stderr, result["reason"] = _run_hunt(argv, timeout, max(1.0, timeout - (time.monotonic() - t0)))
+        if rc == BpfUnavailable.exit_code and result["reason"] is None and "--no-bpf" not in argv:
+            # A node without eBPF (no CAP_BPF, no BCC, a locked-down kernel) still has /proc: hunt again with
+            # the watcher (and gdb) only, and say so, rather than lose the node. The refusal comes at start.
+            why = _error_line(stderr) or "the eBPF probe could not start"
+            result["notes"].append(f"no eBPF on this node ({why}): hunted with /proc only (--no-bpf)")
+            shutil.rmtree(out, ignore_errors=True)
+            argv.append("--no-bpf")
+            rc, stderr, result["reason"] = _run_hunt(argv, timeout, max(1.0, timeout - (time.monotonic() - t0)))
         result["rc"] = rc
         result["stderr_tail"] = stderr[-4000:]
         if result["reason"] is None:

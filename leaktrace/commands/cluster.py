@@ -106,7 +106,8 @@ def _print_summary(report: dict, out: str) -> None:
         detail = n["reason"] if n["status"] == "failed" or n.get("no_targets") else (
             f"{n['verdict']}" + (f" — {top['kind']} {top.get('library') or ''} pid {top['pid']} "
                                  f"{top['mb_per_min']:.2f} MB/min" if top else ""))
-        click.echo(f"{n['hostname']} ({n.get('ip')}): {n['status']}: {detail}")
+        notes = "".join(f" [{note}]" for note in n.get("notes", []))
+        click.echo(f"{n['hostname']} ({n.get('ip')}): {n['status']}: {detail}{notes}")
     click.echo(f"verdict: {report['verdict']}")
     click.echo(f"report: {Path(out) / 'report.json'}")
 
