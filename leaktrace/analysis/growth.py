@@ -19,8 +19,8 @@ stays below ``SUSTAINED_SHARE`` of the last third's rate. Such a rate is no leak
 below the leak rate, inconclusive otherwise ("hunt longer"), and states the projected plateau (the last
 third's rate falling on by the same ratio per third: a geometric series). **warm-up** when, not decelerating, the
 first third is at least ``WARMUP_FIRST_SHARE`` times steeper than the last: the warm-up is over and the
-rate is that of the last two thirds when they agree (within ``STEADY_AGREE``), else of the last third (a
-leak on top of a warm-up keeps its own rate). Otherwise
+rate is the mean of the last two thirds' slopes when they agree (within ``STEADY_AGREE``), else the last
+third's (a leak on top of a warm-up keeps its own rate). Otherwise
 **steady**: the Theil–Sen slope of the whole series (after the warm-up cut).
 
 Why thirds and not a fitted model: over a minute, a saturating exponential, a 1/t slowdown and a warm-up
@@ -71,6 +71,7 @@ class Shape:
     t_split: float  # start of the second third (a warm-up's rate is taken from here)
     plateau: float | None = None  # decelerating: the level the growth converges to (units), projected
     sustained_per_s: float = 0.0  # the rate the thirds converge to (see the module docstring)
+    rate_per_s: float = 0.0  # warm-up: the rate after it (the last two thirds' mean slope, or the last's)
 
     @property
     def first_mb_per_min(self) -> float:
@@ -111,17 +112,23 @@ def growth_shape(t: np.ndarray, y: np.ndarray) -> Shape | None:
         return Shape("decelerating", thirds, edges[1], float(y[-1] + left), sustained)
     agree = abs(s2 - s3) <= STEADY_AGREE * max(abs(s2), abs(s3), 0.1 * s1)
     if s1 >= WARMUP_FIRST_SHARE * max(s3, 0.0):
-        return Shape("warm-up", thirds, edges[1] if agree else edges[2], sustained_per_s=sustained)
+        return Shape("warm-up", thirds, edges[1] if agree else edges[2], sustained_per_s=sustained,
+                     rate_per_s=(s2 + s3) / 2 if agree else s3)
     return Shape("steady", thirds, edges[1], sustained_per_s=sustained)
 
 
 def sustained_rate(s1: float, s2: float, s3: float) -> float:
     """The rate three consecutive windows' rates converge to when their excess over it decays
-    geometrically (Aitken's extrapolation); the last rate when they do not fall that way."""
+    geometrically (Aitken's extrapolation: s3 + d2·q/(1 − q), q = d2/d1 the ratio of the two decreases),
+    at least 0; 0 when the rate falls by as much or more each time (it reaches zero at that pace); the
+    last rate when it does not fall twice."""
     d1, d2 = s2 - s1, s3 - s2
-    if not (d1 < 0 and d2 < 0 and d2 > d1):  # falling, by less each time
+    if not (d1 < 0 and d2 < 0):
         return s3
-    return (s1 * s3 - s2 * s2) / (s1 + s3 - 2 * s2)
+    q = d2 / d1
+    if q >= 1.0:
+        return 0.0
+    return max(s3 + d2 * q / (1.0 - q), 0.0)
 
 
 @dataclass
@@ -193,7 +200,7 @@ def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float |
     if shape is not None and shape.kind == "warm-up":
         # the warm-up is over: the rate is the last thirds' (a leak on top of a warm-up keeps its rate)
         late = t >= shape.t_split
-        slope, conf = theil_sen(t[late], y[late])
+        slope, conf = shape.rate_per_s, theil_sen(t[late], y[late])[1]
     return Rate(slope, conf, len(t), float(t[-1] - t[0]) if len(t) else 0.0, step, jump,
                 float(y[-1] - y[0]) if len(y) else 0.0, shape)
 

@@ -109,10 +109,13 @@ def _instance_of(instances: Any) -> dict[int, Any]:
     return out
 
 
-def _plateaus(procs: pd.DataFrame) -> str:
-    """"; pid P: growth decelerating: …" for each process whose growth at the leak rate is a plateau forming."""
+def _plateaus(procs: pd.DataFrame, skip: set[int] | None = None) -> str:
+    """"; pid P: growth decelerating: …" for each process whose growth at the leak rate is a plateau forming
+    (but those in ``skip``: named leaking by another measurement)."""
     out = []
     for _, p in procs.iterrows():
+        if skip and int(p["pid"]) in skip:
+            continue
         ev = plateau_evidence(p)
         if ev:
             out.append(f"; pid {int(p['pid'])}: {ev}")
@@ -125,7 +128,7 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
         n = len({c["pid"] for c in findings.culprits})
         return "leak", (f"{n} process(es) grow ≥ {th['leak_mb_per_min']} MB/min steadily (confidence ≥ "
                         f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step, not decelerating)"
-                        + _plateaus(procs))
+                        + _plateaus(procs, {c["pid"] for c in findings.culprits}))
     plateaus = _plateaus(procs)
     if findings.doubtful_pids and plateaus:
         return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
