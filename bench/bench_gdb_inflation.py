@@ -7,9 +7,10 @@ malloc workload would grow more RSS under ``hunt`` (gdb on) than under ``hunt --
 Identical multithreaded churners (tests/fixtures/frag_churn.c, same seed) run side by side: one not
 hunted, one hunted with ``--no-gdb``, one hunted with the default probes (gdb on). Per condition: RSS at
 the hunt's start and end, the malloc arenas (64 MiB-aligned anonymous heaps in /proc/PID/maps) and
-their mapped MB at the end, the mappings count, and gdb's stops. Two workloads: heaps only (every block in
-the arenas), and a fixed 128 KiB mmap threshold (every block above it mmapped and munmapped inside
-malloc/free: the most gdb stops, each with the thread's arena lock held). Prints one JSON document.
+their mapped MB at the end, the mappings count, and gdb's stops. Workloads: heaps only (every block in
+the arenas); a fixed 128 KiB mmap threshold (every block above it mmapped and munmapped inside
+malloc/free: the most gdb stops, each with the thread's arena lock held); the same with 32 threads (more
+than the arena limit on a small machine: arenas shared). Prints one JSON document.
 
     .venv/bin/python bench/bench_gdb_inflation.py --duration 60
 """
@@ -37,6 +38,10 @@ HEAP_ALIGN = 64 << 20  # glibc's HEAP_MAX_SIZE on 64-bit: every non-main arena h
 WORKLOADS = {
     "heaps-only": ["--ops-per-s", "60", "--max-kib", "1024"],
     "mmap-128k": ["--ops-per-s", "200", "--max-kib", "1024", "--mmap-threshold-kib", "128"],
+    # more threads than malloc's arena limit (8 per core): threads share arenas and wait on each other's
+    # locks, the case where a thread stopped with its arena locked could push others to new arenas
+    "mmap-128k-32-threads": ["--threads", "32", "--ops-per-s", "50", "--max-kib", "1024",
+                             "--mmap-threshold-kib", "128"],
 }
 
 
