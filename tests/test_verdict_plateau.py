@@ -75,6 +75,17 @@ def test_slow_warm_up_on_a_leak_is_never_called_clean(tau):
         assert row["rss_mb_per_min"] == pytest.approx(60.0, rel=0.2)
 
 
+@pytest.mark.parametrize("period", [8, 10, 12, 15, 20])
+@pytest.mark.parametrize("phase", [0.0, 1 / 3, 2 / 3])
+def test_leak_in_periodic_chunks_is_not_a_plateau(period, phase):
+    """10 MB every ``period`` s (a pool grown chunk by chunk): some thirds may hold no jump, yet this is no
+    slowing down: the first third's own slope is no clear growth, so no shape is read."""
+    y = (150 + 10 * np.floor((T + phase * period) / period)) * MB + _noise(period, 0.05)
+    r = rate(T, y)
+    assert not r.decelerating, r.shape
+    assert r.steady_mb_per_min > 10
+
+
 def test_accelerating_growth_is_steady_not_a_plateau():
     r = rate(T, (150 + 0.02 * T ** 2) * MB)
     assert r.shape.kind == "steady" and r.steady_mb_per_min > 50

@@ -52,6 +52,10 @@ SHAPE_MIN_SAMPLES = 9
 SHAPE_MIN_SPAN_S = 20.0
 # ... and the first third clearly growing (this fraction of its pairwise slopes positive) ...
 SHAPE_FIRST_CONFIDENCE = 0.75
+# ... and no third moving by one jump of at least this share of its range (the first third, and a later
+# one that moves by at least this share of the first's range; a staircase: a pool grown by big chunks,
+# whose thirds hold one jump or none, is no slowing down) ...
+SHAPE_JUMP_SHARE = 0.5
 # ... decelerating: last third at most this share of the first third's rate, each third at most this share
 # of the one before ...
 DECEL_LAST_SHARE = 0.6
@@ -91,12 +95,17 @@ def growth_shape(t: np.ndarray, y: np.ndarray) -> Shape | None:
         return None
     w = (t[-1] - t[0]) / 3.0
     edges = (t[0], t[0] + w, t[0] + 2 * w, t[-1])
-    s, conf1 = [], 0.0
+    s, conf1, rise1 = [], 0.0, 0.0
     for k in range(3):
         sel = (t >= edges[k]) & (t <= edges[k + 1])
         if sel.sum() < 3:
             return None
-        slope, conf = theil_sen(t[sel], y[sel])
+        ys = y[sel]
+        rise = float(ys.max() - ys.min())
+        rise1 = rise if k == 0 else rise1
+        if rise > 0 and rise >= SHAPE_JUMP_SHARE * rise1 and float(np.max(np.abs(np.diff(ys)))) >= SHAPE_JUMP_SHARE * rise:
+            return None  # this third moves by one jump: growth in chunks this coarse has no shape to read
+        slope, conf = theil_sen(t[sel], ys)
         s.append(slope)
         conf1 = conf if k == 0 else conf1
     s1, s2, s3 = s
