@@ -128,23 +128,41 @@ def is_short_lived(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
             and span >= th["short_lived_min_span_s"] and int(row.get("samples", 0)) >= 4)
 
 
+def _decelerating(row: Any, col: str) -> bool:
+    v = row.get(f"{col}_decelerating", False) if hasattr(row, "get") else False
+    return bool(v) and not pd.isna(v)
+
+
 def is_leaking(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
+    """Growth at the leak rate, confident, long enough, neither one step nor a plateau forming."""
     span = row["t_last"] - row["t_first"]
     long_enough = span >= th["min_span_s"] or is_short_lived(row, th)
     for col in ("rss", "anon"):
         if (row[f"{col}_mb_per_min"] >= th["leak_mb_per_min"] and row[f"{col}_confidence"] >= th["min_confidence"]
-                and long_enough and not row[f"{col}_step"]):
+                and long_enough and not row[f"{col}_step"] and not _decelerating(row, col)):
             return True
     return False
 
 
 def is_doubtful(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
-    """Growth above the leak rate but without the confidence (or span) to call it."""
+    """Growth above the leak rate but without the confidence (or span) to call it; or decelerating growth
+    (a plateau forming) still at the leak rate at the end of the window: a longer hunt tells."""
     for col in ("rss", "anon"):
         if (row[f"{col}_mb_per_min"] >= th["leak_mb_per_min"] and not row[f"{col}_step"]
                 and row[f"{col}_confidence"] >= th["inconclusive_confidence"]):
-            return True
+            if not _decelerating(row, col) or float(row[f"{col}_last_mb_per_min"]) >= th["leak_mb_per_min"]:
+                return True
     return False
+
+
+def plateau_evidence(row: Any, th: dict[str, float] = THRESHOLDS) -> str | None:
+    """The shape line of a process whose RSS (else anonymous) growth at the leak rate is decelerating."""
+    for col in ("rss", "anon"):
+        if _decelerating(row, col) and row[f"{col}_mb_per_min"] >= th["leak_mb_per_min"]:
+            ev = row.get(f"{col}_shape_evidence")
+            if isinstance(ev, str):
+                return f"{'RSS' if col == 'rss' else 'anonymous'} {ev}"
+    return None
 
 
 def ucx_effective(reader: TableSource, pid: int) -> str | None:
@@ -211,7 +229,8 @@ def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int,
         pid = int(p["pid"])
         pi = info.get(pid, {})
         mine = ctab[(ctab["pid"] == pid) & (ctab["mb_per_min"] >= th["class_mb_per_min"])
-                    & (ctab["confidence"] >= th["class_confidence"]) & (~ctab["step"].astype(bool))]
+                    & (ctab["confidence"] >= th["class_confidence"]) & (~ctab["step"].astype(bool))
+                    & (~ctab["decelerating"].astype(bool))]
         classes = [(str(r.cls), float(r.mb_per_min), float(r.confidence)) for r in mine.itertuples()]
         if not classes:
             cls = "anon" if p["anon_mb_per_min"] >= th["leak_mb_per_min"] else "other"

@@ -7,6 +7,26 @@ the estimate: ~1 for steady growth, ~0.5 for noise around a flat line.
 A *step* (memory allocated once — a cache filled, a pool reserved — then flat) is not a leak, even
 though Theil–Sen gives it a positive slope when the step sits mid-series. :func:`rate` flags a step when
 one jump between consecutive samples carries most of the rise and both sides of it are (nearly) flat.
+
+A *plateau* (warm-up, fragmentation, arenas filling) is not a leak either: growth that keeps slowing down
+converges. :func:`growth_shape` compares the Theil–Sen slopes s1, s2, s3 of the first, middle and last
+thirds of the series: **decelerating** when the last third grows at most ``DECEL_LAST_SHARE`` of the first
+third's rate, each third is slower than the one before by at least ``1 - DECEL_STILL_FALLING``, *and* the
+slowing is not about to stop at a constant rate: the rate the thirds converge to when their excess over it
+decays geometrically (an exponential warm-up on top of a steady leak: c = (s1·s3 − s2²)/(s1 + s3 − 2·s2))
+stays below ``SUSTAINED_SHARE`` of the last third's rate. Such a rate is no leak figure
+(:attr:`Rate.steady_mb_per_min` is 0): the verdict calls it a plateau when the last third is already
+below the leak rate, inconclusive otherwise ("hunt longer"), and states the projected plateau (the last
+third's rate falling on by the same ratio per third: a geometric series). **warm-up** when, not decelerating, the
+first third is at least ``WARMUP_FIRST_SHARE`` times steeper than the last: the warm-up is over and the
+rate is the mean of the last two thirds' slopes when they agree (within ``STEADY_AGREE``), else the last
+third's (a leak on top of a warm-up keeps its own rate). Otherwise
+**steady**: the Theil–Sen slope of the whole series (after the warm-up cut).
+
+Why thirds and not a fitted model: over a minute, a saturating exponential, a 1/t slowdown and a warm-up
+on top of a linear leak all fit within noise; what tells them apart is whether the rate is *still falling
+at the end*. A slow warm-up on top of a leak may read as decelerating: it then reads inconclusive, never
+no-leak, and a longer hunt settles it (its thirds' rates agree once the warm-up is over).
 """
 
 from __future__ import annotations
@@ -27,6 +47,97 @@ WARMUP_MAX_S = 30.0
 STEP_SHARE = 0.5
 # ... with the rate on each side of it below this share of the overall rate.
 STEP_FLAT_SHARE = 0.25
+# Shape (see the module docstring): at least this many samples and seconds (after the warm-up cut) ...
+SHAPE_MIN_SAMPLES = 9
+SHAPE_MIN_SPAN_S = 20.0
+# ... and the first third clearly growing (this fraction of its pairwise slopes positive) ...
+SHAPE_FIRST_CONFIDENCE = 0.75
+# ... and no third moving by one jump of at least this share of its range (the first third, and a later
+# one that moves by at least this share of the first's range; a staircase: a pool grown by big chunks,
+# whose thirds hold one jump or none, is no slowing down) ...
+SHAPE_JUMP_SHARE = 0.5
+# ... decelerating: last third at most this share of the first third's rate, each third at most this share
+# of the one before ...
+DECEL_LAST_SHARE = 0.6
+DECEL_STILL_FALLING = 0.9
+# ... warm-up: first third at least this many times the last third's rate, last two within this share.
+WARMUP_FIRST_SHARE = 1.5
+STEADY_AGREE = 0.1
+# The rate the thirds converge to (exponential excess over a constant) at least this share of the last
+# third's: the slowing is over, what grows on is steady.
+SUSTAINED_SHARE = 0.9
+
+
+@dataclass
+class Shape:
+    kind: str  # "steady" | "decelerating" | "warm-up"
+    thirds_per_s: tuple[float, float, float]  # Theil–Sen slope of each third (units per second)
+    t_split: float  # start of the second third (a warm-up's rate is taken from here)
+    plateau: float | None = None  # decelerating: the level the growth converges to (units), projected
+    sustained_per_s: float = 0.0  # the rate the thirds converge to (see the module docstring)
+    rate_per_s: float = 0.0  # warm-up: the rate after it (the last two thirds' mean slope, or the last's)
+
+    @property
+    def first_mb_per_min(self) -> float:
+        return self.thirds_per_s[0] * 60.0 / MB
+
+    @property
+    def last_mb_per_min(self) -> float:
+        return self.thirds_per_s[2] * 60.0 / MB
+
+
+def growth_shape(t: np.ndarray, y: np.ndarray) -> Shape | None:
+    """Steady, decelerating (a plateau forming) or a warm-up then steady: see the module docstring. None
+    when the series is too short to tell, or does not grow at first."""
+    t = np.asarray(t, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if len(t) < SHAPE_MIN_SAMPLES or t[-1] - t[0] < SHAPE_MIN_SPAN_S:
+        return None
+    w = (t[-1] - t[0]) / 3.0
+    edges = (t[0], t[0] + w, t[0] + 2 * w, t[-1])
+    s, conf1, rise1 = [], 0.0, 0.0
+    for k in range(3):
+        sel = (t >= edges[k]) & (t <= edges[k + 1])
+        if sel.sum() < 3:
+            return None
+        ys = y[sel]
+        rise = float(ys.max() - ys.min())
+        rise1 = rise if k == 0 else rise1
+        if rise > 0 and rise >= SHAPE_JUMP_SHARE * rise1 and float(np.max(np.abs(np.diff(ys)))) >= SHAPE_JUMP_SHARE * rise:
+            return None  # this third moves by one jump: growth in chunks this coarse has no shape to read
+        slope, conf = theil_sen(t[sel], ys)
+        s.append(slope)
+        conf1 = conf if k == 0 else conf1
+    s1, s2, s3 = s
+    thirds = (s1, s2, s3)
+    if s1 <= 0 or conf1 < SHAPE_FIRST_CONFIDENCE:  # no clear growth at first: nothing slows down
+        return Shape("steady", thirds, edges[1])
+    sustained = sustained_rate(s1, s2, s3)
+    falling = s3 <= DECEL_LAST_SHARE * s1 and s2 <= DECEL_STILL_FALLING * s1 and s3 <= DECEL_STILL_FALLING * s2
+    if falling and sustained < SUSTAINED_SHARE * s3:
+        # each further third grows by the ratio of the last two (geometric): what is left to grow
+        r = s3 / s2 if s2 > 0 else 0.0
+        left = s3 * w * r / (1.0 - r) if s3 > 0 and 0 < r < 1 else 0.0
+        return Shape("decelerating", thirds, edges[1], float(y[-1] + left), sustained)
+    agree = abs(s2 - s3) <= STEADY_AGREE * max(abs(s2), abs(s3), 0.1 * s1)
+    if s1 >= WARMUP_FIRST_SHARE * max(s3, 0.0):
+        return Shape("warm-up", thirds, edges[1] if agree else edges[2], sustained_per_s=sustained,
+                     rate_per_s=(s2 + s3) / 2 if agree else s3)
+    return Shape("steady", thirds, edges[1], sustained_per_s=sustained)
+
+
+def sustained_rate(s1: float, s2: float, s3: float) -> float:
+    """The rate three consecutive windows' rates converge to when their excess over it decays
+    geometrically (Aitken's extrapolation: s3 + d2·q/(1 − q), q = d2/d1 the ratio of the two decreases),
+    at least 0; 0 when the rate falls by as much or more each time (it reaches zero at that pace); the
+    last rate when it does not fall twice."""
+    d1, d2 = s2 - s1, s3 - s2
+    if not (d1 < 0 and d2 < 0):
+        return s3
+    q = d2 / d1
+    if q >= 1.0:
+        return 0.0
+    return max(s3 + d2 * q / (1.0 - q), 0.0)
 
 
 @dataclass
@@ -38,6 +149,11 @@ class Rate:
     step: bool = False  # the rise is one step, not a steady growth
     step_bytes: float = 0.0  # size of the largest jump (units)
     rise: float = 0.0  # last minus first (units), for the reader's sanity check
+    shape: Shape | None = None  # steady / decelerating / warm-up (None: too short to tell)
+
+    @property
+    def decelerating(self) -> bool:
+        return self.shape is not None and self.shape.kind == "decelerating"
 
     @property
     def mb_per_min(self) -> float:
@@ -45,8 +161,8 @@ class Rate:
 
     @property
     def steady_mb_per_min(self) -> float:
-        """The rate as a leak figure: 0 when the rise is a step."""
-        return 0.0 if self.step else self.mb_per_min
+        """The rate as a leak figure: 0 when the rise is a step or a plateau forming (decelerating)."""
+        return 0.0 if self.step or self.decelerating else self.mb_per_min
 
 
 def warmup_cut(t: np.ndarray, warmup_s: float | None = None) -> float:
@@ -89,8 +205,27 @@ def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float |
         t, y = t[keep], y[keep]
     slope, conf = theil_sen(t, y)
     step, jump = _is_step(t, y, slope)
+    shape = growth_shape(t, y) if not step else None
+    if shape is not None and shape.kind == "warm-up":
+        # the warm-up is over: the rate is the last thirds' (a leak on top of a warm-up keeps its rate)
+        late = t >= shape.t_split
+        slope, conf = shape.rate_per_s, theil_sen(t[late], y[late])[1]
     return Rate(slope, conf, len(t), float(t[-1] - t[0]) if len(t) else 0.0, step, jump,
-                float(y[-1] - y[0]) if len(y) else 0.0)
+                float(y[-1] - y[0]) if len(y) else 0.0, shape)
+
+
+def shape_evidence(r: Rate, unit_mb: bool = True) -> str | None:
+    """One line on the shape of a growth, for evidence and verdict reasons (None when steady or unknown)."""
+    sh = r.shape
+    if sh is None or sh.kind == "steady":
+        return None
+    if sh.kind == "decelerating":
+        plateau = f", projected plateau ~{sh.plateau / MB:.0f} MB" if sh.plateau is not None and unit_mb else ""
+        return (f"growth decelerating: rate fell from {sh.first_mb_per_min:.1f} to {sh.last_mb_per_min:.1f} "
+                f"MB/min over the thirds of the window (still falling at the end){plateau}: a plateau forming "
+                "(warm-up, fragmentation, arenas filling), not a steady leak")
+    return (f"warm-up then steady: the first third of the window grew {sh.first_mb_per_min:.1f} MB/min, "
+            f"what follows the warm-up {r.mb_per_min:.1f} MB/min (the rate given)")
 
 
 def process_rates(rollup: pd.DataFrame, warmup_s: float | None = None) -> pd.DataFrame:
@@ -106,6 +241,10 @@ def process_rates(rollup: pd.DataFrame, warmup_s: float | None = None) -> pd.Dat
             row[f"{col}_mb_per_min"] = r.mb_per_min
             row[f"{col}_confidence"] = r.confidence
             row[f"{col}_step"] = r.step
+            row[f"{col}_shape"] = r.shape.kind if r.shape is not None else "unknown"
+            row[f"{col}_decelerating"] = r.decelerating
+            row[f"{col}_last_mb_per_min"] = r.shape.last_mb_per_min if r.shape is not None else r.mb_per_min
+            row[f"{col}_shape_evidence"] = shape_evidence(r)
         row["rss_first_mb"] = float(g["rss"].iloc[0]) / MB
         row["rss_last_mb"] = float(g["rss"].iloc[-1]) / MB
         row["anon_last_mb"] = float(g["anon"].iloc[-1]) / MB
@@ -115,7 +254,7 @@ def process_rates(rollup: pd.DataFrame, warmup_s: float | None = None) -> pd.Dat
 
 def class_rate_table(class_usage: pd.DataFrame, warmup_s: float | None = None) -> pd.DataFrame:
     """One row per (pid, class): RSS rate (MB/min), confidence, step flag, last RSS (MB)."""
-    cols = ["pid", "cls", "mb_per_min", "confidence", "step", "last_mb", "samples"]
+    cols = ["pid", "cls", "mb_per_min", "confidence", "step", "last_mb", "samples", "decelerating"]
     if class_usage.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -123,7 +262,7 @@ def class_rate_table(class_usage: pd.DataFrame, warmup_s: float | None = None) -
         g = g.sort_values("t")
         r = rate(g["t"].to_numpy(dtype=float), g["rss"].to_numpy(dtype=float), warmup_s)
         rows.append((int(pid), str(cls), r.mb_per_min, r.confidence, r.step,
-                     float(g["rss"].iloc[-1]) / MB, len(g)))
+                     float(g["rss"].iloc[-1]) / MB, len(g), r.decelerating))
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.growth import MB, Rate, rate
+from leaktrace.analysis.growth import MB, Rate, rate, shape_evidence
 from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
 from leaktrace.slope import theil_sen
@@ -202,6 +202,9 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                             "longer hunt's")
         if r.step:
             evidence.append(f"the rise is one step of {r.step_bytes / MB:.1f} MB, not a steady growth")
+        shape = shape_evidence(r)
+        if shape:
+            evidence.append(shape)
         top_sites: list[dict[str, Any]] = []
         if not mine.empty:
             mine = mine[mine["library"] == library]
@@ -225,7 +228,7 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
         out.append({"kind": CULPRIT_KINDS[kind], "library": library, "pid": pid,
                     "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
                     "outstanding_bytes": int(y[-1]), "stack": stack, "evidence": evidence,
-                    "confidence": r.confidence, "step": r.step, "sites": top_sites, "short_lived": short,
+                    "confidence": r.confidence, "step": r.step, "decelerating": r.decelerating, "sites": top_sites, "short_lived": short,
                     "stack_method": method})
     out.sort(key=lambda c: (-c["mb_per_min"], -c["outstanding_bytes"]))
     return out

@@ -43,6 +43,7 @@ class ProcessEntry(_ProcessRequired, total=False):
     rss_confidence: float
     anon_confidence: float
     rss_step: bool
+    rss_shape: str  # "decelerating" (a plateau forming) | "warm-up" (then steady); absent: steady or too short
     rss_first_mb: float
     rss_last_mb: float
     samples: int

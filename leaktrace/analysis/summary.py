@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis import load
-from leaktrace.analysis.candidates import THRESHOLDS, process_info
+from leaktrace.analysis.candidates import THRESHOLDS, plateau_evidence, process_info
 from leaktrace.analysis.culprits import find_culprits
 from leaktrace.analysis.exits import process_exits
 from leaktrace.analysis.first_named import first_named
@@ -109,19 +109,38 @@ def _instance_of(instances: Any) -> dict[int, Any]:
     return out
 
 
+def _plateaus(procs: pd.DataFrame, skip: set[int] | None = None) -> str:
+    """"; pid P: growth decelerating: …" for each process whose growth at the leak rate is a plateau forming
+    (but those in ``skip``: named leaking by another measurement)."""
+    out = []
+    for _, p in procs.iterrows():
+        if skip and int(p["pid"]) in skip:
+            continue
+        ev = plateau_evidence(p)
+        if ev:
+            out.append(f"; pid {int(p['pid'])}: {ev}")
+    return "".join(out)
+
+
 def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]:
     th = THRESHOLDS
     if findings.culprits and (findings.leaking_pids or any(c["source"] != "watcher" for c in findings.culprits)):
         n = len({c["pid"] for c in findings.culprits})
         return "leak", (f"{n} process(es) grow ≥ {th['leak_mb_per_min']} MB/min steadily (confidence ≥ "
-                        f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step)")
+                        f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step, not decelerating)"
+                        + _plateaus(procs, {c["pid"] for c in findings.culprits}))
+    plateaus = _plateaus(procs)
+    if findings.doubtful_pids and plateaus:
+        return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
+                                "but the growth is slowing down: hunt longer to tell a plateau from a leak"
+                                + plateaus)
     if findings.doubtful_pids:
         return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
                                 f"but with confidence below {th['min_confidence']} or over too short a span: "
                                 "hunt longer")
     if span >= th["no_leak_span_s"]:
         return "no-leak", (f"no process grows ≥ {th['leak_mb_per_min']} MB/min steadily over {span:.0f} s "
-                           "of observation")
+                           "of observation" + plateaus)
     return "inconclusive", (f"only {span:.0f} s observed; a no-leak verdict needs ≥ {th['no_leak_span_s']:.0f} s")
 
 
@@ -181,6 +200,8 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
             "leaking": pid in findings.leaking_pids,
             "instance": inst_of.get(pid),
         }
+        if p.get("rss_shape") in ("decelerating", "warm-up"):
+            row["rss_shape"] = str(p["rss_shape"])  # steady or too short to tell: not stated
         mine = ctab[ctab["pid"] == pid]
         if not mine.empty:
             row["growth_by_class"] = {str(r.cls): round(float(r.mb_per_min), 4) for r in mine.itertuples()}
