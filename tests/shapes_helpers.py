@@ -70,3 +70,27 @@ class TruthLog:
 
     def mb_per_min(self, t0: float, t1: float) -> float:
         return (self.held_at(t1) - self.held_at(t0)) / (t1 - t0) * 60.0 / MB
+
+
+def hunt_shape(spawn, shapes_bin: Path, tmp_path: Path, kib_per_s: float, shape: str, duration: int = 40,
+               *extra: str) -> tuple[dict, int, float, float]:
+    """Hunt one shape of the fixture with default flags: (report.json, pid, bytes the fixture added between
+    the probes going live and the ledger's last snapshot, its rate in MB/min over that span)."""
+    import json
+
+    from conftest import run_cli
+
+    from leaktrace.session import SessionReader
+
+    truth = tmp_path / "truth"
+    target = spawn(shape_argv(shapes_bin, shape, kib_per_s, truth, *extra))
+    with TruthLog(truth) as log:
+        r = run_cli("hunt", "--pid", target.pid, "--duration", duration, "--format", "json", "--out", tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "s" / "report.json").read_text())
+    reader = SessionReader(tmp_path / "s")
+    t0, attach = reader.meta["t0_monotonic"], reader.meta["attach_s"]
+    t_last = float(reader.table("ledger_snapshots")["t"].max())
+    expected = log.held_at(t0 + t_last) - log.held_at(t0 + attach)
+    rate = log.mb_per_min(t0 + attach, t0 + t_last)
+    return rep, target.pid, expected, rate

@@ -8,28 +8,10 @@ import json
 
 import pytest
 from conftest import is_root, run_cli
-from shapes_helpers import MB, TruthLog, shape_argv
-
-from leaktrace.session import SessionReader
+from shapes_helpers import MB, hunt_shape, shape_argv
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(not is_root(), reason="BPF needs root")]
 KIB_PER_S = 1024  # 60 MB/min
-
-
-def _hunt_shape(spawn, shapes_bin, tmp_path, shape: str, duration: int = 40, *extra: str):
-    truth = tmp_path / "truth"
-    target = spawn(shape_argv(shapes_bin, shape, KIB_PER_S, truth, *extra))
-    with TruthLog(truth) as log:
-        r = run_cli("hunt", "--pid", target.pid, "--duration", duration, "--format", "json", "--out", tmp_path / "s")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads((tmp_path / "s" / "report.json").read_text())
-    reader = SessionReader(tmp_path / "s")
-    t0, attach = reader.meta["t0_monotonic"], reader.meta["attach_s"]
-    t_last = float(reader.table("ledger_snapshots")["t"].max())
-    # What the fixture added between the probes going live and the ledger's last snapshot, and its rate.
-    expected = log.held_at(t0 + t_last) - log.held_at(t0 + attach)
-    rate = log.mb_per_min(t0 + attach, t0 + t_last)
-    return rep, target.pid, expected, rate
 
 
 NAMED_WITHIN_S = 10.0  # issue 13: a leak of ≥ 1 MB/s (these fixtures: 1 MiB/s) is named within 10 s of attach
@@ -45,7 +27,7 @@ def _top(rep, pid):
 
 @pytest.mark.parametrize("shape", ["shm", "memfd"])
 def test_shared_memory_segments_name_the_mapper(spawn, shapes_bin, tmp_path, shape):
-    rep, pid, expected, rate = _hunt_shape(spawn, shapes_bin, tmp_path, shape)
+    rep, pid, expected, rate = hunt_shape(spawn, shapes_bin, tmp_path, KIB_PER_S, shape)
     top = _top(rep, pid)
     assert (top["kind"], top["library"]) == ("shm", "libshape.so"), top
     assert any(f"libshape.so!shape_{shape}_tick" in f for f in top["stack"]), top["stack"]
@@ -72,7 +54,7 @@ def test_buffer_grown_by_mremap_names_the_grower(spawn, shapes_bin, tmp_path):
     """A buffer grown with mremap(MREMAP_MAYMOVE) that moves as it grows: the culprit is the code that
     grows it (through glibc's mremap wrapper and a stripped, frame-pointer-less library), its rate and the
     bytes it holds; /proc sees the same region grow and move."""
-    rep, pid, expected, rate = _hunt_shape(spawn, shapes_bin, tmp_path, "mremap")
+    rep, pid, expected, rate = hunt_shape(spawn, shapes_bin, tmp_path, KIB_PER_S, "mremap")
     top = _top(rep, pid)
     assert (top["kind"], top["library"]) == ("native-mmap", "libshape.so"), top
     assert any("libshape.so!shape_mremap_tick" in f for f in top["stack"]), top["stack"]

@@ -12,9 +12,9 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, is_root, run_cli
+from conftest import REPO, is_root
 from fixtures.bpf_harness import Traced
-from shapes_helpers import MB, TruthLog, shape_argv
+from shapes_helpers import MB, hunt_shape
 
 from leaktrace.session import SessionReader
 
@@ -131,24 +131,8 @@ def test_ledger_follows_attach_detach_and_rmid_exactly(tmp_path, client) -> None
     assert int(shm["size"].sum()) == PAGE + 64 * 1024 + 5 * PAGE
 
 
-def _hunt_shape(spawn, shapes_bin, tmp_path, shape: str, duration: int = 40, *extra: str):
-    truth = tmp_path / "truth"
-    target = spawn(shape_argv(shapes_bin, shape, KIB_PER_S, truth, *extra))
-    with TruthLog(truth) as log:
-        r = run_cli("hunt", "--pid", target.pid, "--duration", duration, "--format", "json", "--out", tmp_path / "s")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads((tmp_path / "s" / "report.json").read_text())
-    reader = SessionReader(tmp_path / "s")
-    t0, attach = reader.meta["t0_monotonic"], reader.meta["attach_s"]
-    t_last = float(reader.table("ledger_snapshots")["t"].max())
-    # What the fixture added between the probes going live and the ledger's last snapshot, and its rate.
-    expected = log.held_at(t0 + t_last) - log.held_at(t0 + attach)
-    rate = log.mb_per_min(t0 + attach, t0 + t_last)
-    return rep, target.pid, expected, rate
-
-
 def test_sysv_segments_name_the_attacher(spawn, shapes_bin, tmp_path):
-    rep, pid, expected, rate = _hunt_shape(spawn, shapes_bin, tmp_path, "sysv")
+    rep, pid, expected, rate = hunt_shape(spawn, shapes_bin, tmp_path, KIB_PER_S, "sysv")
     assert rep["verdict"] == "leak", rep["verdict_reason"]
     top = rep["culprits"][0]
     assert top["pid"] == pid
