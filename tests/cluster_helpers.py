@@ -32,7 +32,6 @@ from pathlib import Path
 
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
-RAY = VENV_BIN / "ray"
 GCS_PORT = 6379  # free by construction: nothing else lives in the private network namespace
 PR_SET_PDEATHSIG = 1
 
@@ -149,6 +148,7 @@ class RayNamespaceCluster:
     up_s: float = 0.0
     down_s: float = 0.0
     fixtures: dict = field(default_factory=dict)  # processes a test placed on nodes, by node name
+    venv_bin: Path = VENV_BIN  # the bin/ of the Python environment the nodes run
 
     @property
     def address(self) -> str:
@@ -160,15 +160,16 @@ class RayNamespaceCluster:
     # -- start
     @classmethod
     def start(cls, names_ips: list[tuple[str, str]], timeout: float = 120,
-              wrappers: dict[str, list[str]] | None = None) -> RayNamespaceCluster:
+              wrappers: dict[str, list[str]] | None = None, venv_bin: Path = VENV_BIN) -> RayNamespaceCluster:
         """Start a head (the first entry) and workers, each in its own PID namespace, all in one private
         network namespace; returns once every node is alive in the GCS (or raises, after tearing down).
         ``wrappers``: a command prefix per node name for its `ray start` (e.g. setpriv dropping capabilities:
-        a node without eBPF)."""
+        a node without eBPF). ``venv_bin``: the Python environment the nodes run (Ray's workers use its
+        interpreter): by default the repository's; :func:`wheel_venv` makes one holding the built wheel."""
         t0 = time.monotonic()
         root = Path(tempfile.mkdtemp(prefix="ltray-", dir="/tmp"))  # short: Ray's socket paths are limited
         netns = NetNamespace.create()
-        cluster = cls(netns=netns, root=root)
+        cluster = cls(netns=netns, root=root, venv_bin=venv_bin)
         try:
             for i, (name, ip) in enumerate(names_ips):
                 cluster._start_node(name, ip, head=(i == 0), agent_port=52365 + i,
@@ -187,7 +188,7 @@ class RayNamespaceCluster:
         temp_dir.mkdir()
         log_path = self.root / f"{name}.log"
         resources = json.dumps({f"lt_{name}": 1})
-        args = [str(RAY), "start", "--block", "--node-ip-address", ip, "--temp-dir", str(temp_dir),
+        args = [str(self.venv_bin / "ray"), "start", "--block", "--node-ip-address", ip, "--temp-dir", str(temp_dir),
                 "--object-store-memory", "100000000", "--num-cpus", "1", "--resources", resources,
                 "--dashboard-agent-listen-port", str(agent_port), "--disable-usage-stats"]
         if head:
@@ -197,7 +198,7 @@ class RayNamespaceCluster:
         script = f"hostname {name} && exec " + " ".join(_sh_quote(a) for a in [*wrapper, *args])
         argv = [*self.netns.enter(), "unshare", "--pid", "--fork", "--kill-child=SIGTERM", "--mount-proc",
                 "--uts", "--", "sh", "-c", script]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{self.venv_bin}:{os.environ.get('PATH', '')}",
                # Real hosts each have their own /run; these "hosts" share one file system, and PIDs (and
                # start times) repeat across their PID namespaces, so each gets its own hunt-lock folder.
                "LEAKTRACE_LOCK_DIR": str(temp_dir / "locks")}
@@ -377,3 +378,32 @@ def _node_hunts() -> dict[int, Path]:
         if "hunt" in argv and "--out" in argv and "leaktrace-node-" in argv[argv.index("--out") + 1]:
             found[int(entry.name)] = Path(argv[argv.index("--out") + 1])
     return found
+
+
+def wheel_venv(root: Path) -> Path:
+    """A Python environment that holds leaktrace as a fleet installs it — the wheel built from this checkout,
+    no repository on sys.path — beside the project's dependencies (Ray, pandas, …) taken from the repository's
+    environment by a path entry (its own .pth files, the editable install among them, are not read).
+    Returns its bin/ (with a `ray` entry point)."""
+    dist = root / "dist"
+    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)], cwd=str(root),
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"building the wheel failed: {r.stderr[-2000:]}")
+    (wheel,) = dist.glob("leaktrace-*.whl")
+    venv = root / "node-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    base = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "_project_dependencies.pth").write_text(f"{base}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                        "--disable-pip-version-check", str(wheel)], cwd=str(root), env=env,
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"installing the wheel failed: {r.stderr[-2000:]}")
+    ray = venv / "bin" / "ray"
+    ray.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom ray.scripts.scripts import main\n"
+                   "sys.exit(main())\n")
+    ray.chmod(0o755)
+    return venv / "bin"

@@ -1,8 +1,10 @@
-"""Cluster hunts that meet faults, on a real Ray cluster of their own (tests/cluster_helpers.py): lt-head
-(127.0.0.2), lt-nobpf (.5: its Ray processes run without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN, as in an
-unprivileged container: no eBPF there), lt-doomed (.6: its raylet is killed in the middle of a hunt; the
-last test here). A leaker (1 MiB/s) runs on every node. Everything stays inside a private network
-namespace. Each case: the merged report says which node and why, and the other nodes' data is kept."""
+"""Cluster hunts that meet faults, on a real Ray cluster of their own (tests/cluster_helpers.py) whose nodes
+and driver run leaktrace **installed from its wheel**, as a fleet would (no repository on any sys.path; the
+driver runs outside the checkout): lt-head (127.0.0.2), lt-nobpf (.5: its Ray processes run without
+CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN, as in an unprivileged container: no eBPF there), lt-doomed (.6: its
+raylet is killed in the middle of a hunt; the last test here). A leaker (1 MiB/s) runs on every node.
+Everything stays inside a private network namespace. Each case: the merged report says which node and
+why, and the other nodes' data is kept."""
 
 from __future__ import annotations
 
@@ -10,13 +12,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import NodeFixture, _missing, _node, _node_hunts, _why, cluster_cli
+from cluster_helpers import NodeFixture, _missing, _node, _node_hunts, _why
 from conftest import REPO, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -26,16 +27,18 @@ NO_BPF = ["setpriv", "--bounding-set", "-bpf,-perfmon,-sys_admin", "--inh-caps",
 
 
 @pytest.fixture(scope="module")
-def faults_cluster() -> Iterator:
+def faults_cluster(tmp_path_factory) -> Iterator:
     why = _missing()
     if why:
         pytest.skip(why)
-    from cluster_helpers import RayNamespaceCluster
+    from cluster_helpers import RayNamespaceCluster, wheel_venv
     from fixtures.build import build
 
     leaker = build("leaker", ["leaker.c"])
+    venv_bin = wheel_venv(tmp_path_factory.mktemp("wheel"))
     cluster = RayNamespaceCluster.start([("lt-head", "127.0.0.2"), ("lt-nobpf", "127.0.0.5"),
-                                         ("lt-doomed", "127.0.0.6")], timeout=120, wrappers={"lt-nobpf": NO_BPF})
+                                         ("lt-doomed", "127.0.0.6")], timeout=120, wrappers={"lt-nobpf": NO_BPF},
+                                        venv_bin=venv_bin)
     fixtures: list[NodeFixture] = []
     try:
         cluster.fixtures = {name: NodeFixture(cluster.node(name), [leaker, "--leak-kib-per-s", LEAK_KIB_S,
@@ -55,13 +58,17 @@ def _state(node, pid: int) -> str:
     return r.stdout.rsplit(")", 1)[1].split()[0] if r.returncode == 0 and ")" in r.stdout else ""
 
 
-def _driver(cluster, out: Path, nodes: str, duration: int) -> subprocess.Popen:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([*cluster.netns.enter(), sys.executable, "-m", "leaktrace", "cluster", "hunt",
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _driver(cluster, out: Path, nodes: str, duration: int, *extra: str) -> subprocess.Popen:
+    """`leaktrace cluster hunt` as a user on the head runs it: the installed command, outside the checkout."""
+    return subprocess.Popen([*cluster.netns.enter(), str(cluster.venv_bin / "leaktrace"), "cluster", "hunt",
                              "--address", cluster.address, "--match", r"leaker --", "--nodes", nodes,
-                             "--duration", str(duration), "--out", str(out)],
-                            cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             "--duration", str(duration), "--out", str(out), *extra],
+                            cwd=str(out.parent), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
@@ -73,11 +80,16 @@ def _recording(n: int) -> bool:
 
 def test_node_without_bpf_hunts_with_proc_only_and_says_so(faults_cluster, tmp_path: Path) -> None:
     out = tmp_path / "hunt"
-    r = cluster_cli(faults_cluster, "hunt", "--address", faults_cluster.address, "--match", r"leaker --",
-                    "--nodes", "lt-head,lt-nobpf", "--duration", HUNT_S, "--no-gdb", "--out", out)
-    assert r.returncode == 0, r.stderr[-3000:]
+    driver = _driver(faults_cluster, out, "lt-head,lt-nobpf", HUNT_S, "--no-gdb")
+    stdout, stderr = driver.communicate(timeout=HUNT_S + 240)
+    assert driver.returncode == 0, stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     head, nobpf = _node(report, "lt-head"), _node(report, "lt-nobpf")
+    # Every node ran the installed package, not the checkout.
+    site = faults_cluster.venv_bin.parent / "lib"
+    for n in (head, nobpf):
+        path = Path(n["leaktrace"]["path"])
+        assert path.is_relative_to(site) and not path.is_relative_to(REPO / "leaktrace"), n["leaktrace"]
     # The node without eBPF is hunted from /proc: its leak is found (rate from the watcher), and the report
     # says why it has no library.
     assert nobpf["status"] == "ok" and nobpf["verdict"] == "leak", _why(out)
@@ -88,7 +100,7 @@ def test_node_without_bpf_hunts_with_proc_only_and_says_so(faults_cluster, tmp_p
     node_report = json.loads((out / nobpf["session"] / "report.json").read_text())
     assert not node_report["ledger"]["available"]
     assert any(w.startswith("lt-nobpf: no eBPF on this node") for w in report["warnings"]), report["warnings"]
-    assert "no eBPF on this node" in r.stdout  # the driver's summary line for that node
+    assert "no eBPF on this node" in stdout  # the driver's summary line for that node
     # The node with eBPF is untouched by its neighbour's fallback: the ledger names the leaking binary.
     assert head["status"] == "ok" and head["verdict"] == "leak" and head["notes"] == [], _why(out)
     assert head["culprits"][0]["library"] == "leaker" and head["culprits"][0]["source"] == "ledger"

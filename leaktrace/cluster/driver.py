@@ -212,6 +212,7 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
             "node_id": n["NodeID"], "hostname": a.get("hostname") or n.get("NodeManagerHostname"),
             "ip": n.get("NodeManagerAddress"), "status": a["status"], "reason": a.get("reason"),
             "no_targets": bool(a.get("no_targets")), "notes": list(a.get("notes") or []),
+            "leaktrace": a.get("leaktrace"),
             "targets": a.get("targets", []), "rc": a.get("rc"), "elapsed_s": a.get("elapsed_s"),
             "session": session, "stderr_tail": a.get("stderr_tail", ""),
         })

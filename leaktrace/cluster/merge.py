@@ -91,7 +91,7 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
                 "reason": entry.get("reason") if not ok else None,
                 "verdict": rep.get("verdict") if ok else None,
                 "culprits": [_tag(c, entry) for c in rep.get("culprits", [])] if ok else [],
-                "no_targets": idle, "notes": list(entry.get("notes") or []),
+                "no_targets": idle, "notes": list(entry.get("notes") or []), "leaktrace": entry.get("leaktrace"),
                 "session": entry.get("session"), "targets": entry.get("targets", []),
                 "duration_s": rep.get("duration_s") if rep else None,
                 "stop_reason": rep.get("stop_reason") if rep else None}

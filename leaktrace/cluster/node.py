@@ -91,7 +91,11 @@ def _tar_dir(path: Path) -> bytes:
 
 
 def node_identity() -> dict[str, Any]:
-    info: dict[str, Any] = {"hostname": socket.gethostname(), "node_id": None, "ip": None}
+    import leaktrace
+
+    # Which leaktrace the node ran (a fleet mixing versions, or a node importing a stray checkout, shows here).
+    installed = {"version": leaktrace.__version__, "path": str(Path(leaktrace.__file__).resolve().parent)}
+    info: dict[str, Any] = {"hostname": socket.gethostname(), "node_id": None, "ip": None, "leaktrace": installed}
     try:
         import ray
 
