@@ -36,13 +36,13 @@ def available() -> str | None:
     return None
 
 
-def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def base_env(extra: dict[str, str] | None = None, host: str = "127.0.0.1") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "VLLM_", "PYTHONPATH"))}
     env.update({
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": host,
         "UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib*,rdmacm",
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
     })
     env.update(extra or {})
     return env
@@ -55,6 +55,7 @@ class Server:
     popen: subprocess.Popen
     log: Path
     env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
 
     @property
     def pid(self) -> int:
@@ -62,7 +63,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def tail(self, n: int = 30) -> str:
         try:
@@ -94,18 +95,21 @@ def stop_group(popen: subprocess.Popen, timeout: float = 20.0) -> None:
         pass
 
 
-def start_server(name: str, port: int, kv: dict | None = None, env: dict[str, str] | None = None) -> Server:
+def start_server(name: str, port: int, kv: dict | None = None, env: dict[str, str] | None = None,
+                 host: str = "127.0.0.1", prefix: list[str] | None = None) -> Server:
+    """``host``: a loopback address (each node of the cluster tests has its own); ``prefix``: a command prefix
+    that places the server on such a node (its network, PID and mount namespaces)."""
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{name}-{port}.log"
-    argv = [str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
+    argv = [*(prefix or []), str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--host", host, "--port", str(port),
             "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8"]
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv)]
-    full_env = base_env(env)
+    full_env = base_env(env, host)
     with open(log, "w") as f:
         popen = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=full_env, start_new_session=True, cwd=str(REPO))
-    return Server(name, port, popen, log, full_env)
+    return Server(name, port, popen, log, full_env, host)
 
 
 def wait_ready(servers: list[Server], timeout: float = 300.0) -> None:
@@ -131,6 +135,7 @@ def wait_ready(servers: list[Server], timeout: float = 300.0) -> None:
 class Proxy:
     port: int
     popen: subprocess.Popen
+    host: str = "127.0.0.1"
 
     @property
     def pid(self) -> int:
@@ -138,22 +143,25 @@ class Proxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def stop(self) -> None:
         stop_group(self.popen, 5)
 
 
-def start_proxy(port: int, prefill_ports: list[int], decode_ports: list[int]) -> Proxy:
-    argv = [sys.executable, str(TARGETS / "pd_proxy.py"), "--host", "127.0.0.1", "--port", str(port),
-            "--prefiller-ports", *map(str, prefill_ports), "--decoder-ports", *map(str, decode_ports)]
+def start_proxy(port: int, prefill_ports: list[int], decode_ports: list[int], host: str = "127.0.0.1",
+                prefill_host: str = "127.0.0.1", decode_host: str = "127.0.0.1",
+                prefix: list[str] | None = None) -> Proxy:
+    argv = [*(prefix or []), sys.executable, str(TARGETS / "pd_proxy.py"), "--host", host, "--port", str(port),
+            "--prefiller-host", prefill_host, "--prefiller-ports", *map(str, prefill_ports),
+            "--decoder-host", decode_host, "--decoder-ports", *map(str, decode_ports)]
     popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              start_new_session=True)
     line = popen.stdout.readline()  # type: ignore[union-attr]
     if not line.startswith("ready"):
         stop_group(popen, 5)
         raise RuntimeError(f"proxy did not start: {line!r}")
-    return Proxy(port, popen)
+    return Proxy(port, popen, host)
 
 
 def complete(base_url: str, prompt: str, max_tokens: int = 8, timeout: float = 90.0) -> dict:
