@@ -202,3 +202,18 @@ def test_ctrl_c_of_driver_stops_every_node_and_keeps_their_sessions(ray_cluster,
     assert {p["pid"] for p in report["processes"] if p["hostname"] == "lt-b"} == {ray_cluster.fixtures["lt-b"].pid}
     assert wait_for(lambda: not _node_hunts(), timeout=30), _node_hunts()  # no hunt left behind
     assert f"report: {out / 'report.json'}" in stdout
+
+
+def test_address_auto_on_the_head(ray_cluster, tmp_path: Path) -> None:
+    """`--address auto` as a user types it on the head node: Ray finds the cluster running there."""
+    out = tmp_path / "hunt"
+    head = ray_cluster.node("lt-head")
+    r = ray_cluster.run_in_netns([*head.enter(), sys.executable, "-m", "leaktrace", "cluster", "hunt",
+                                  "--address", "auto", "--match", r"leaker --", "--nodes", "lt-head",
+                                  "--duration", "8", "--no-gdb", "--out", str(out)], timeout=240, cwd=str(REPO))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    (n,) = report["nodes"]
+    assert n["hostname"] == "lt-head" and n["status"] == "ok", _why(out)
+    assert n["targets"][0]["pid"] == ray_cluster.fixtures["lt-head"].pid
+    assert json.loads((out / "cluster.json").read_text())["address"] == "auto"
