@@ -72,3 +72,16 @@ def test_scan_finds_return_addresses_in_libc_and_beyond() -> None:
     found = scan.return_addresses(pid, window)
     assert found == [in_libc, elsewhere]
     assert scan.caller(pid, found) == elsewhere
+
+
+def test_frame_from_epilogue_of_glibc_wrappers():
+    from leaktrace.probes.bpf.stackscan import frame_from_epilogue
+
+    # glibc 2.36 mremap after its syscall: cmp/ja, the stack-protector check, add $0x58,%rsp; ret
+    mremap = bytes.fromhex("483d00f0ffff7758" "488b542418" "64482b142528000000" "755d" "4883c458" "c3")
+    assert frame_from_epilogue(mremap) == 0x58
+    # mmap: cmp/ja, ret — the return address is at the stack pointer
+    assert frame_from_epilogue(bytes.fromhex("483d00f0ffff7701c3")) == 0
+    # pops before the ret count too; no ret in reach: no answer
+    assert frame_from_epilogue(bytes.fromhex("4883c4105b415cc3")) == 0x10 + 16
+    assert frame_from_epilogue(bytes.fromhex("4883c410")) is None

@@ -369,6 +369,15 @@ class BpfProbe(SnapshotRows):
         if not isinstance(e, WindowEvent) or not e.win_len:
             return o
         window = e.window
+        if e.type == EV_MREMAP:
+            # A wrapper called straight by its user (mremap): its return address sits at the offset its
+            # epilogue says; a scan could take a stale word left in the wrapper's frame instead.
+            exact = self.scanner.wrapper_caller(e.tgid, e.ip, window)
+            if exact is not None and self.scanner.in_runtime(e.tgid, exact[1]) is False:
+                caller = exact[1]
+                if (e.tgid, caller) not in self.scanner.chains:
+                    self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window[exact[0]:])
+                return Origin(kind or "anon", t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
         inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
         if kind is None:
             kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"

@@ -68,6 +68,34 @@ def ends_with_call(code: bytes) -> bool:
     return False
 
 
+_EPILOGUE_BYTES = 48  # code read after a syscall instruction when looking for its wrapper's epilogue
+
+
+def frame_from_epilogue(code: bytes) -> int | None:
+    """Bytes between the stack pointer at a syscall and the wrapper's return address, read from the code
+    that follows the syscall instruction: its first ``ret`` (c3) and the pops and ``add $N, %rsp`` just
+    before it (glibc's wrappers: ``mmap`` returns with nothing on the stack; the variadic ``mremap`` keeps a
+    0x58-byte frame). None when the pattern is not there (the caller checks the answer anyway)."""
+    k = code.find(b"\xc3")
+    if k < 0:
+        return None
+    size, i = 0, k
+    while True:  # pops, innermost last: 58-5f, or 41 58-5f (r8-r15); an add's immediate may look like one
+        if (i >= 4 and code[i - 4:i - 1] == b"\x48\x83\xc4") or (i >= 7 and code[i - 7:i - 4] == b"\x48\x81\xc4"):
+            break
+        if i >= 2 and code[i - 2] == 0x41 and 0x58 <= code[i - 1] <= 0x5F:
+            size, i = size + 8, i - 2
+        elif i >= 1 and 0x58 <= code[i - 1] <= 0x5F:
+            size, i = size + 8, i - 1
+        else:
+            break
+    if i >= 4 and code[i - 4:i - 1] == b"\x48\x83\xc4":  # add $imm8, %rsp
+        size += code[i - 1]
+    elif i >= 7 and code[i - 7:i - 4] == b"\x48\x81\xc4":  # add $imm32, %rsp
+        size += int.from_bytes(code[i - 4:i], "little")
+    return size
+
+
 class StackScanner:
     """Return addresses in raw stack windows, per process, through the probe's maps copies."""
 
@@ -80,6 +108,7 @@ class StackScanner:
         self._runtime: dict[str, bool] = {}  # mapped file -> is libc / ld.so
         self._addr_cache: dict[int, tuple[list[MapEntry], dict[int, tuple[bool, bool | None]]]] = {}
         self._malloc_addr: dict[tuple[int, int], bool] = {}  # (pid, libc return address) -> in malloc & co.
+        self._frames: dict[tuple[str, int], int | None] = {}  # (file, -offset of a syscall's ip) -> frame size
 
     def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
         lo = max(m.start, addr - _LOOKBACK)
@@ -93,6 +122,36 @@ class StackScanner:
             with open(f"/proc/{pid}/mem", "rb") as f:
                 f.seek(lo)
                 return f.read(want)
+        except (OSError, ValueError, OverflowError):
+            return b""
+
+    def wrapper_caller(self, pid: int, ip: int, window: bytes) -> tuple[int, int] | None:
+        """The return address of the syscall wrapper whose syscall instruction ends at ``ip``, read at the
+        offset its epilogue gives (exact where a scan may take a stale word left in the wrapper's frame):
+        (offset in the window, return address), or None when that word is not a return address."""
+        m = self.symbols.mapping(pid, ip)
+        if m is None or "x" not in m.perms:
+            return None
+        key = (m.path or f"{pid}:{m.start:#x}", -(ip - m.start + m.offset))  # negative: not a return address
+        off = self._frames.get(key, -1)
+        if off == -1:
+            code = self._code_at(pid, m, ip, min(_EPILOGUE_BYTES, m.end - ip))
+            off = self._frames[key] = frame_from_epilogue(code)
+        if off is None or off + 8 > len(window):
+            return None
+        word = int.from_bytes(window[off:off + 8], "little")
+        return (off, word) if self.is_return_address(pid, word) else None
+
+    def _code_at(self, pid: int, m: MapEntry, addr: int, n: int) -> bytes:
+        path = m.path.removesuffix(" (deleted)")
+        try:
+            if path.startswith("/") and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    f.seek(addr - m.start + m.offset)
+                    return f.read(n)
+            with open(f"/proc/{pid}/mem", "rb") as f:
+                f.seek(addr)
+                return f.read(n)
         except (OSError, ValueError, OverflowError):
             return b""
 
