@@ -38,7 +38,7 @@ from leaktrace import procfs
 from leaktrace.elf import elf_info
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
-from leaktrace.probes.pyheap_walk import type_names, walk_retry
+from leaktrace.probes.pyheap_walk import WALK_BUDGET_S, type_names, walk_retry
 from leaktrace.procmem import ProcMem, load_bias
 
 PY_LIB_RE = re.compile(r"(^|/)(libpython3\.\d+[a-z]*\.so[.\d]*|python3(\.\d+)?)$")
@@ -173,8 +173,9 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
             # types; the old generation and the frozen set, where leaked objects end up, change slowly.
             types: dict[int, int] = {}
             frozen_types: dict[int, int] = {}
-            tracked = [walk_retry(mem, h, stops, types) for h in heads]
-            out["frozen"] = walk_retry(mem, gc + offs["permanent"], stops, frozen_types)
+            deadline = time.monotonic() + WALK_BUDGET_S
+            tracked = [walk_retry(mem, h, stops, types, deadline=deadline) for h in heads]
+            out["frozen"] = walk_retry(mem, gc + offs["permanent"], stops, frozen_types, deadline=deadline)
             out.update({f"gen{g}_tracked": n for g, n in enumerate(tracked)})
             out["tracked"] = sum(n for n in tracked if n >= 0)
             out["approximate"] = True

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 
 from leaktrace.procmem import ProcMem
 
 MAX_WALK = 3_000_000
+# A walk gives the other threads of the hunt (ticks, the eBPF ring's consumer) the GIL every YIELD_EVERY
+# objects: its page reads release the GIL and take it back at once, which on a busy 2-core machine starved
+# the tick thread for 48 s during one walk of a vLLM process (and the ring overflowed). It also stops at
+# its deadline (the list then counts as not walked through, -1), so no walk outlasts WALK_BUDGET_S.
+YIELD_EVERY = 2048
+WALK_BUDGET_S = 5.0
 # Object layout of the default (non free-threaded) build on 64-bit, 3.8–3.13: a PyGC_Head (_gc_next,
 # _gc_prev) right before each tracked object; the object starts with ob_refcnt, ob_type; a type object's
 # tp_name follows its PyVarObject header.
@@ -23,7 +30,7 @@ TYPES_KEPT = 200  # per walk: the most numerous types are written (``pyheap_type
 
 
 def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(),
-          types: dict[int, int] | None = None) -> int:
+          types: dict[int, int] | None = None, deadline: float | None = None) -> int:
     """Length of a PyGC_Head list (``_gc_next`` chain back to its head); -1 when the walk broke: an
     unreadable node, another list's head, or too many resyncs. ``types`` counts the objects by type
     address.
@@ -47,6 +54,10 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
             break
         if node == 0 or node in stops or n >= MAX_WALK:
             return -1
+        if n % YIELD_EVERY == YIELD_EVERY - 1:
+            time.sleep(0.0002)  # let the hunt's other threads run (see YIELD_EVERY)
+            if deadline is not None and time.monotonic() > deadline:
+                return -1
         base = node & ~(PAGE - 1)
         page = cache.get(base)
         try:
@@ -95,11 +106,12 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
     return n
 
 
-def walk_retry(mem: ProcMem, head: int, stops: set[int], types: dict[int, int], tries: int = 3) -> int:
+def walk_retry(mem: ProcMem, head: int, stops: set[int], types: dict[int, int], tries: int = 3,
+               deadline: float | None = None) -> int:
     n = -1
     for _ in range(tries):
-        n = _walk(mem, head, stops, types)
-        if n >= 0:
+        n = _walk(mem, head, stops, types, deadline)
+        if n >= 0 or (deadline is not None and time.monotonic() > deadline):
             break
     return n
 
