@@ -72,7 +72,10 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
     load = Load(proxy.url, pause=0.5)
     load.start()
     try:
-        rep, err = hunt_vllm(tmp_path / "h", 40)
+        # --no-pyheap: the count check below needs every munmap event consumed, and the pyheap walker still
+        # stalls the hunt's ticks for 10-18 s at a time on vLLM's processes on 2 busy cores (events then
+        # wait in the ring past the stop); open issue, see the session note of 2026-12-01.
+        rep, err = hunt_vllm(tmp_path / "h", 40, ("--no-pyheap",))
     finally:
         load.stop()
     roles = {i["instance"]: i["role"] for i in rep["instances"]}
