@@ -112,18 +112,7 @@ class StackScanner:
 
     def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
         lo = max(m.start, addr - _LOOKBACK)
-        want = addr - lo
-        path = m.path.removesuffix(" (deleted)")
-        try:
-            if path.startswith("/") and os.path.isfile(path):
-                with open(path, "rb") as f:
-                    f.seek(lo - m.start + m.offset)
-                    return f.read(want)
-            with open(f"/proc/{pid}/mem", "rb") as f:
-                f.seek(lo)
-                return f.read(want)
-        except (OSError, ValueError, OverflowError):
-            return b""
+        return self._code_at(pid, m, lo, addr - lo)
 
     def wrapper_caller(self, pid: int, ip: int, window: bytes) -> tuple[int, int] | None:
         """The return address of the syscall wrapper whose syscall instruction ends at ``ip``, read at the
@@ -143,6 +132,7 @@ class StackScanner:
         return (off, word) if self.is_return_address(pid, word) else None
 
     def _code_at(self, pid: int, m: MapEntry, addr: int, n: int) -> bytes:
+        """``n`` bytes of code at ``addr``: from the mapped file, or the process's memory for anonymous code."""
         path = m.path.removesuffix(" (deleted)")
         try:
             if path.startswith("/") and os.path.isfile(path):
