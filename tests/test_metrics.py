@@ -169,3 +169,36 @@ def test_python_heap_summary(tmp_path) -> None:
     assert ph[5]["heap_frozen"] and ph[5]["tracked_first"] == 50 and ph[5]["tracked_last"] == 80
     assert ph[5]["gen2_collections_during_hunt"] == 2
     json.dumps(ph)
+
+
+def test_leak_per_request_and_per_kv_token(tmp_path) -> None:
+    # 10 requests/s, 14 KV tokens moved per request, for 60 s; a 6 MiB/min culprit in the decode instance and
+    # one of 3 MiB/min in a process of no instance (counted overall, not for the instance).
+    r = _session(tmp_path, lambda t: 1 << 30, lambda t: 10.0 * t)
+    ld = load_analysis.load(r)
+    culprits = [{"pid": 222, "instance": 111, "mb_per_min": 6.0}, {"pid": 333, "instance": None, "mb_per_min": 3.0}]
+    load_analysis.leak_per_load(ld, culprits)
+    per_min = ld["requests"] * 60 / ld["span_s"]
+    assert per_min == pytest.approx(600, rel=0.01)
+    (inst,) = ld["per_instance"]
+    assert inst["leak_mb_per_min"] == 6.0
+    assert inst["leak_bytes_per_request"] == pytest.approx(6 * 2**20 / 600, rel=0.01)
+    assert inst["leak_bytes_per_kv_token"] == pytest.approx(6 * 2**20 / (600 * 14), rel=0.01)
+    assert ld["leak_mb_per_min"] == 9.0 and ld["leak_bytes_per_request"] == pytest.approx(9 * 2**20 / 600, rel=0.01)
+    # No requests during the hunt: nothing to divide by, said as null.
+    idle = load_analysis.load(_session(tmp_path / "idle", lambda t: 1 << 30, lambda t: 0.0))
+    load_analysis.leak_per_load(idle, culprits)
+    assert idle["leak_bytes_per_request"] is None and idle["per_instance"][0]["leak_bytes_per_kv_token"] is None
+
+
+def test_html_shows_leak_per_request_and_kv_token(tmp_path) -> None:
+    from leaktrace.report import html
+
+    report = json.loads((Path(__file__).parent / "data" / "golden" / "demo" / "expected" / "report.json").read_text())
+    ld = load_analysis.load(_session(tmp_path, lambda t: 1 << 30, lambda t: 10.0 * t))
+    load_analysis.leak_per_load(ld, [{"pid": 222, "instance": 111, "mb_per_min": 6.0}])
+    report["load"] = ld
+    page = html.render(report)
+    row = page[page.index("<td>111</td>"):].split("</tr>")[0]
+    assert "<td>decode</td>" in row and f">{ld['leak_bytes_per_request']:.0f}<" in row, row
+    assert f">{ld['per_instance'][0]['leak_bytes_per_kv_token']:.1f}<" in row, row

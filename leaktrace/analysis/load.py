@@ -234,6 +234,40 @@ def load(reader: TableSource) -> dict[str, Any] | None:
     }
 
 
+def leak_per_load(load_block: dict[str, Any], culprits: list[dict[str, Any]]) -> None:
+    """Add what the leak costs per unit of work to ``load_block`` (in place): bytes leaked per request and per
+    KV-transfer token, overall and per instance. "Leaked" is the culprits' rate (what leaktrace attributes,
+    not the RSS slope, which includes warm-up), over the rate of requests and of tokens whose KV moved by
+    the connector during the same scrapes. A token's KV is sent by prefill and received by decode: each side's
+    per-token figure divides by the tokens that moved (decode's ``external_kv_transfer`` prompt tokens)."""
+    def rates(entries: list[dict[str, Any]], span_s: float) -> tuple[float | None, float | None]:
+        if span_s <= 0:
+            return None, None
+        per_min = 60.0 / span_s
+        return (sum(e.get("requests", 0) for e in entries) * per_min or None,
+                sum(e.get("kv_external_prompt_tokens", 0) for e in entries) * per_min or None)
+
+    def per(leak_mb_min: float, req_min: float | None, tok_min: float | None) -> dict[str, Any]:
+        b = leak_mb_min * MB
+        return {"leak_mb_per_min": round(leak_mb_min, 4),
+                "leak_bytes_per_request": round(b / req_min, 1) if req_min else None,
+                "leak_bytes_per_kv_token": round(b / tok_min, 1) if tok_min else None}
+
+    per_inst = load_block.get("per_instance") or []
+    # The tokens that moved: counted where they arrive (decode/both); else wherever they were counted.
+    arriving = [e for e in per_inst if e.get("kv_external_prompt_tokens", 0) > 0] or per_inst
+    span = float(load_block.get("span_s") or 0.0)
+    _, tok_min = rates(arriving, span)
+    req_min = load_block.get("requests", 0) * 60.0 / span if span > 0 and load_block.get("requests") else None
+    load_block.update(per(sum(c.get("mb_per_min", 0.0) for c in culprits), req_min, tok_min))
+    for e in per_inst:
+        mine = [c for c in culprits if e.get("instance") is not None and c.get("instance") == e["instance"]]
+        e_req, e_tok = rates([e], float(e.get("span_s") or 0.0))
+        if not e_tok:  # prefill: the tokens it sent are those the decode side received
+            e_tok = tok_min
+        e.update(per(sum(c.get("mb_per_min", 0.0) for c in mine), e_req, e_tok))
+
+
 def _merged_requests(by_url: dict[str, pd.DataFrame]) -> pd.DataFrame:
     frames = []
     for url, g in by_url.items():

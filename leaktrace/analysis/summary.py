@@ -179,6 +179,8 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
     inst_of = _instance_of(extra.get("instances"))
     for c in culprits:
         c.setdefault("instance", inst_of.get(c["pid"]))
+    if extra.get("load"):
+        load.leak_per_load(extra["load"], culprits)
 
     processes = []
     for _, p in procs.iterrows():
