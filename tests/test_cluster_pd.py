@@ -4,19 +4,25 @@ nodes' addresses (UCX on lo) inside the private network namespace the test creat
 The decode worker leaks: it runs with UCX_RCACHE_MAX_UNRELEASED=inf and tests/targets/libinvq_leak.so
 preloaded, the fast variant of tests/test_vllm_pd.py (on 2 cores the tiny model's worker munmaps too little
 for UCX's own queue to grow measurably). `leaktrace cluster hunt --vllm` from the head must show each node's
-instance and role, name the decode node's culprit in its worker, and show the prefill node clean."""
+instance and role, name the decode node's culprit in its worker, and show the prefill node clean.
+As a fleet runs it: the nodes and the driver run leaktrace installed from its wheel (no repository on any
+sys.path), the driver is started on the head with `--address auto`, and the user stops it with Ctrl-C
+(every node's hunt stops, keeps its session, and the merged report is written)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import _missing, _node, _why, cluster_cli
-from conftest import REPO, is_root
+from cluster_helpers import _missing, _node, _node_hunts, _why
+from conftest import REPO, is_root, wait_for
 from vllm_fixtures import require_vllm, vllm_servers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.vllm, pytest.mark.slow]
@@ -26,7 +32,7 @@ PF, DC = ("lt-pf", "127.0.0.2"), ("lt-dc", "127.0.0.3")
 TARGETS = REPO / "tests" / "targets"
 
 # Run inside the network namespace (the servers' addresses exist only there): wait for /health, or send
-# paced completions through the proxy for a while; prints "ok N failed M".
+# paced completions through the proxy for a while; prints "ok N failed M" after each.
 IN_NETNS = """
 import sys, time, urllib.request
 sys.path.insert(0, sys.argv[1])
@@ -52,8 +58,8 @@ else:
     while time.monotonic() - t0 < seconds:
         o, f = vllm_servers.send_load(url, 1, timeout=90)
         ok, failed = ok + o, failed + f
+        print(f"ok {ok} failed {failed}", flush=True)  # a running count: the last line is the total so far
         time.sleep(pause)
-    print(f"ok {ok} failed {failed}", flush=True)
 """
 
 
@@ -63,16 +69,17 @@ def _in_netns(cluster, *args: str, timeout: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def pd_cluster() -> Iterator:
+def pd_cluster(tmp_path_factory) -> Iterator:
     require_vllm()
     why = _missing()
     if why:
         pytest.skip(why)
     if not LEAK_LIB.exists():
         pytest.skip("no .cache/libinvq_leak.so (run tests/targets/setup_vllm.sh)")
-    from cluster_helpers import RayNamespaceCluster
+    from cluster_helpers import RayNamespaceCluster, wheel_venv
 
-    cluster = RayNamespaceCluster.start([PF, DC], timeout=120)
+    venv_bin = wheel_venv(tmp_path_factory.mktemp("wheel"))
+    cluster = RayNamespaceCluster.start([PF, DC], timeout=120, venv_bin=venv_bin)
     started = []
     try:
         def on(name: str) -> list[str]:
@@ -107,20 +114,68 @@ def pd_cluster() -> Iterator:
         cluster.stop()
 
 
+def _driver_on_head(cluster, out: Path) -> subprocess.Popen:
+    """`leaktrace cluster hunt --address auto --vllm` as a user on the head types it: the installed command,
+    in the head node's PID namespace, outside the checkout, until Ctrl-C."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.Popen([*cluster.netns.enter(), *cluster.node(PF[0]).enter(), str(cluster.venv_bin / "leaktrace"),
+                             "cluster", "hunt", "--address", "auto", "--vllm", "--duration", "600", "--interval", "1",
+                             "--no-gdb", "--out", str(out)],
+                            cwd=str(out.parent), env={**env, "RAY_USAGE_STATS_ENABLED": "0"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _ctrl_c(driver: subprocess.Popen) -> None:
+    """Ctrl-C to the leaktrace process itself (nsenter, its parent here, would die of it, not pass it on)."""
+    import psutil
+
+    kids = psutil.Process(driver.pid).children()
+    assert kids, "the driver is not running"
+    for k in kids:
+        os.kill(k.pid, signal.SIGINT)
+
+
 def test_cluster_hunt_vllm_names_decode_node_and_shows_prefill_clean(pd_cluster, tmp_path: Path) -> None:
     load = subprocess.Popen([*pd_cluster.netns.enter(), sys.executable, "-c", IN_NETNS, str(TARGETS), "load",
-                             pd_cluster.proxy.url, str(HUNT_S + 20), "0.5"], stdout=subprocess.PIPE, text=True)
+                             pd_cluster.proxy.url, str(HUNT_S + 120), "0.5"], stdout=subprocess.PIPE, text=True)
     out = tmp_path / "hunt"
+    driver = _driver_on_head(pd_cluster, out)
     try:
-        r = cluster_cli(pd_cluster, "hunt", "--address", pd_cluster.address, "--vllm", "--duration", HUNT_S,
-                        "--interval", "1", "--no-gdb", "--out", out, timeout=HUNT_S + 300)
+        # Handshake: both node hunts run and have flushed watcher rows; then HUNT_S of hunting, then Ctrl-C.
+        def both_recording() -> bool:
+            outs = list(_node_hunts().values())
+            return len(outs) == 2 and all(any((o / "tables" / "rollup").glob("part-*")) for o in outs)
+
+        assert wait_for(both_recording, timeout=240), (_node_hunts(), driver.poll())
+        time.sleep(HUNT_S)
+        _ctrl_c(driver)
+        stdout, stderr = driver.communicate(timeout=240)
     finally:
-        served = load.communicate(timeout=HUNT_S + 200)[0].strip()
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert served.startswith("ok ") and not served.startswith("ok 0"), served  # KV moved during the hunt
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        load.terminate()
+        lines = load.communicate(timeout=120)[0].strip().splitlines()
+        served = lines[-1] if lines else "ok 0 (no request completed)"
+    # Ctrl-C: the exit status of a `hunt` stopped by Ctrl-C, every node's hunt stopped with its session kept,
+    # nothing left running, the merged report written.
+    assert driver.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert f"report: {out / 'report.json'}" in stdout
+    assert wait_for(lambda: not _node_hunts(), timeout=30), _node_hunts()
+    assert not served.startswith("ok 0"), served  # requests went through during the hunt
     report = json.loads((out / "report.json").read_text())
     pf, dc = _node(report, PF[0]), _node(report, DC[0])
     assert pf["status"] == "ok" and dc["status"] == "ok", _why(out)
+    assert report["stop_reason"].startswith("interrupted (Ctrl-C); cluster: 2 node(s) ok, 0 failed"), (
+        report["stop_reason"], _why(out))
+    for n in (pf, dc):
+        node_meta = json.loads((out / n["session"] / "meta.json").read_text())
+        assert node_meta["complete"] and node_meta["stop_reason"] == "interrupted (Ctrl-C)", node_meta["stop_reason"]
+        # The node ran the installed package, not the checkout.
+        path = Path(n["leaktrace"]["path"])
+        assert path.is_relative_to(pd_cluster.venv_bin.parent / "lib"), n["leaktrace"]
+        assert not path.is_relative_to(REPO / "leaktrace"), n["leaktrace"]
+    assert json.loads((out / "cluster.json").read_text())["address"] == "auto"
 
     # Each node's instance and its role, side by side in the merged report.
     assert [i["hostname"] for i in report["roles"].get("prefill", [])] == [PF[0]], report["roles"]
