@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check leaktrace tests bench
-exec .venv/bin/python -m pytest -ra -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -ra --durations=30 -p no:cacheprovider "$@"

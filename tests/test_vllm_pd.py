@@ -91,6 +91,15 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
     assert per[decode.pid]["role"] == "decode" and per[decode.pid]["kv_external_prompt_tokens"] > 0, per
     assert per[decode.pid]["kv_transfers"] >= 1, per[decode.pid]
     assert per[prefill.pid]["role"] == "prefill" and per[prefill.pid]["kv_external_prompt_tokens"] == 0, per
+    # What the leak costs per request and per token whose KV moved: the decode culprits' rate over the
+    # decode's request and KV-token rates in the same scrapes; prefill leaks nothing of its own.
+    dec = per[decode.pid]
+    leak_b_min = dec["leak_mb_per_min"] * 2**20
+    assert dec["leak_mb_per_min"] > 0 and per[prefill.pid]["leak_mb_per_min"] == 0, per
+    assert dec["leak_bytes_per_request"] == pytest.approx(
+        leak_b_min / (dec["requests"] * 60 / dec["span_s"]), rel=0.01), dec
+    assert dec["leak_bytes_per_kv_token"] == pytest.approx(
+        leak_b_min / (dec["kv_external_prompt_tokens"] * 60 / dec["span_s"]), rel=0.01), dec
     # 5d: the leak is named in the decode instance, in its worker, with the library.
     assert rep["verdict"] == "leak"
     worker = next(i for i in rep["instances"] if i["instance"] == decode.pid)
