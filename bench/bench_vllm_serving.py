@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -116,9 +117,10 @@ def main() -> None:
     seconds = {"baseline": 0.0, "hunted": 0.0}
     rounds = []
     try:
-        warm = drive(proxy.url, 20, 1, args.max_tokens)
+        warm = drive(proxy.url, 60, args.clients, args.max_tokens)  # the NIXL handshake, first transfers
         print(f"warm-up: {len(warm)} requests", flush=True)
-        with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        tmp = tempfile.mkdtemp(prefix="bench-serving-")  # removed after every hunt has stopped
+        try:
             for r in range(args.rounds):
                 row = {}
                 for cond in ("baseline", "hunted"):
@@ -133,6 +135,8 @@ def main() -> None:
                     extra = f" (hunt stopped and reported in {stop_s:.1f} s)" if hunt else ""
                     print(f"round {r + 1} {cond:8s} {json.dumps(row[cond])}{extra}", flush=True)
                 rounds.append(row)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     finally:
         proxy.stop()
         decode.stop()
