@@ -108,6 +108,9 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
     assert top, rep["culprits"]
     c = top[0]
     assert c["instance"] == decode.pid and c["process_label"] == "worker"
+    assert c.get("role") == "decode", c
+    assert f"vLLM instance {decode.pid} (decode)" in (tmp_path / "h" / "report.md").read_text()
+    assert f"vLLM instance {decode.pid} (decode)" in (tmp_path / "h" / "report.html").read_text()
     assert c["process_title"].startswith("VLLM::Worker"), c["process_title"]
     # One vocabulary everywhere: report.json's processes say what `ps --json` says, titles beside.
     by_pid = {p["pid"]: p for p in rep["processes"]}

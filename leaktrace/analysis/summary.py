@@ -177,8 +177,11 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
 
     extra = _load_blocks(reader, warnings)
     inst_of = _instance_of(extra.get("instances"))
+    role_of = {i.get("instance"): i.get("role") for i in extra.get("instances") or [] if isinstance(i, dict)}
     for c in culprits:
         c.setdefault("instance", inst_of.get(c["pid"]))
+        if role_of.get(c["instance"]):
+            c["role"] = role_of[c["instance"]]  # the vLLM instance's P/D role (prefill, decode, both)
     if extra.get("load"):
         load.leak_per_load(extra["load"], culprits)
 

@@ -38,7 +38,7 @@ def render(report: Report) -> str:
         py_types = [t["type"] for t in ((c.get("python") or {}).get("types") or [])[:3]]
         where = c.get("library") or ("Python objects: " + ", ".join(py_types) if py_types else "library not named")
         lines.append(f"**{i}. {c.get('rule_title') or c['kind']} — `{where}`** (pid {c['pid']} "
-                     f"{c.get('process_title') or c.get('process_label') or ''}): **{c['mb_per_min']:.2f} MB/min**"
+                     f"{c.get('process_title') or c.get('process_label') or ''}{_instance(c)}): **{c['mb_per_min']:.2f} MB/min**"
                      + (f", {c['outstanding_bytes'] / 2**20:.1f} MB outstanding" if c.get("outstanding_bytes") else "")
                      + (f", named {c['first_named_s']:.1f} s after attach" if c.get("first_named_s") is not None
                         else ""))
@@ -99,3 +99,10 @@ def _ended(report: Report) -> list[str]:
 
 def write(report: Report, out_dir: Path) -> Path:
     return atomic_write_text(Path(out_dir) / "report.md", render(report))
+
+
+def _instance(c: dict[str, Any]) -> str:
+    """", vLLM instance 4242 (decode)" for a culprit inside a vLLM server, else ""."""
+    if c.get("instance") is None:
+        return ""
+    return f", vLLM instance {c['instance']}" + (f" ({c['role']})" if c.get("role") else "")
