@@ -60,7 +60,7 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
     cache: dict[int, bytes] = {}
     unpack_from, pread, fd, size = _NODE.unpack_from, os.pread, mem.fd, _NODE.size  # the hot loop
     good, good_tp = [head], [0]  # the last nodes walked through (and their types), for resyncs
-    resyncs = 0
+    resyncs = steps = 0
     node = mem.read_ptr(head)
     while node is not None:
         node &= ~0x3  # low bits of _gc_next are flags during a collection
@@ -68,7 +68,8 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
             break
         if node == 0 or node in stops or n >= MAX_WALK:
             return -1
-        if n % YIELD_EVERY == YIELD_EVERY - 1:
+        steps += 1  # not n: a list churned under the walk sends n back (resyncs) and past no multiple
+        if steps % YIELD_EVERY == 0:
             if YIELD_GIL:
                 time.sleep(0.0002)  # let the hunt's other threads run (see YIELD_EVERY)
             if deadline is not None and time.monotonic() > deadline:
