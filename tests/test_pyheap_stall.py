@@ -93,12 +93,12 @@ def test_ticks_not_starved_by_walks(spawn, tmp_path, monkeypatch) -> None:
     rdr = SessionReader(out)
     ph = rdr.table("pyheap")
     walked = ph[ph["walk_ms"].notna()]
-    assert len(walked) >= 3, ph[["t", "frozen", "tracked", "walk_ms"]]
+    assert len(walked) >= 2, ph[["t", "frozen", "tracked", "walk_ms"]]  # after attach, at stop (nice 19: slow)
     assert (walked["frozen"] >= 600_000).all(), walked[["t", "frozen"]]
     types = rdr.table("pyheap_types")
     lists = types[(types["pid"] == p.pid) & (types["type"] == "list")]
     # every walk typed the frozen lists (kept from the first walk of the set while it did not move)
-    assert len(lists) >= 3 and (lists["frozen"] >= 600_000).all(), lists
+    assert len(lists) >= 2 and (lists["frozen"] >= 600_000).all(), lists
     assert (types[types["type"] == "tuple"]["count"] > 0).any()
     assert not _walkers(os.getpid())  # the walker process ended with the hunt
 

@@ -358,7 +358,7 @@ class PyHeapProbe:
     MIN_WALK_GAP_S = 5.0
     WALK_DUTY = 0.02
     IN_PROCESS = False
-    WALK_BUDGET_S = 60.0  # a walk in the walker process: it delays nothing of the hunt, and a niced walk of
+    WALK_BUDGET_S = 120.0  # a walk in the walker process: it delays nothing of the hunt, and a niced walk of
     # ~700k objects took 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine (bench_pyheap_ticklag)
     STOP_WAIT_S = 20.0  # the walks at stop, all processes together
     MAX_WALKER_FAILS = 3  # walker processes that did not answer, in a row: the walks stop (counters go on)
