@@ -29,7 +29,7 @@ YIELD_EVERY = 2048
 WALK_BUDGET_S = 5.0
 # In the walker process nothing shares the GIL with the walk: no yield there (set by worker_main).
 YIELD_GIL = True
-WORKER_NICE = 19  # the walker process yields the CPU to the hunt (ticks, ring drain) and the targets
+WORKER_NICE = 10  # the walker process yields the CPU to the hunt (ticks, ring drain) and the targets
 # Object layout of the default (non free-threaded) build on 64-bit, 3.8–3.13: a PyGC_Head (_gc_next,
 # _gc_prev) right before each tracked object; the object starts with ob_refcnt, ob_type; a type object's
 # tp_name follows its PyVarObject header.
