@@ -390,10 +390,11 @@ class PyHeapProbe:
                     "(no code run in the targets, never stopped)")
         if not self.IN_PROCESS:
             # Started from the hunt's own thread (it lives until stop): PR_SET_PDEATHSIG fires when the
-            # thread that started the worker ends.
+            # thread that started the worker ends. No Python target yet: started by the first walk.
             self.walker = WalkerProcess()
             try:
-                self.walker.spawn()
+                if n:
+                    self.walker.spawn()
             except OSError as e:
                 ctx.warn(f"pyheap: no walker process ({e}): GC counters only, no object types")
                 self._walker_fails = self.MAX_WALKER_FAILS
