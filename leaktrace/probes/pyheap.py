@@ -23,11 +23,14 @@ not measurable from outside (vLLM's ``VLLM_GC_DEBUG`` logs them in-process).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import shutil
 import struct
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -36,10 +39,14 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.elf import elf_info
-from leaktrace.errors import LeaktraceError
+from leaktrace.errors import LeaktraceError, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions
 from leaktrace.probes.pyheap_walk import WALK_BUDGET_S, type_names, walk_retry
 from leaktrace.procmem import ProcMem, load_bias
+
+# A frozen set whose ends did not move is walked again after this long (objects of it that died: a count
+# drifting slowly); ~0.8 µs an object, vLLM freezes ~660k in each process.
+FROZEN_REWALK_S = 60.0
 
 PY_LIB_RE = re.compile(r"(^|/)(libpython3\.\d+[a-z]*\.so[.\d]*|python3(\.\d+)?)$")
 
@@ -126,11 +133,15 @@ def locate(pid: int) -> Interpreter | dict[str, Any]:
 
 
 def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
-                     where: Interpreter | None = None) -> dict[str, Any]:
+                     where: Interpreter | None = None, frozen_cache: dict[str, Any] | None = None,
+                     budget: float = WALK_BUDGET_S) -> dict[str, Any]:
     """GC state of a live CPython process without stopping it (see the module docstring). With ``walk``
     the GC lists are walked (object counts) and, with ``types_too``, ``types``: {type name: (objects,
     frozen objects)} of a complete walk (absent when a list changed under the walk). ``where``: the
-    process's interpreter as :func:`locate` found it (else found now)."""
+    process's interpreter as :func:`locate` found it (else found now). ``frozen_cache``: a dict kept by the
+    caller for this process, where the frozen set's walk is kept and reused while the set's ends are
+    the same and it is younger than FROZEN_REWALK_S (``frozen_walked``: False when reused). ``budget``:
+    seconds the walk may take (a list not walked through by then counts -1)."""
     if where is None:
         found = locate(pid)
         if not isinstance(found, Interpreter):
@@ -173,9 +184,25 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
             # types; the old generation and the frozen set, where leaked objects end up, change slowly.
             types: dict[int, int] = {}
             frozen_types: dict[int, int] = {}
-            deadline = time.monotonic() + WALK_BUDGET_S
+            deadline = time.monotonic() + budget
             tracked = [walk_retry(mem, h, stops, types, deadline=deadline) for h in heads]
-            out["frozen"] = walk_retry(mem, gc + offs["permanent"], stops, frozen_types, deadline=deadline)
+            perm = gc + offs["permanent"]
+            # The frozen set's ends (_gc_next, _gc_prev of its head): gc.freeze() appends at the end,
+            # gc.unfreeze() empties it; between those it only loses the frozen objects that die.
+            ends = (interp, mem.read_ptr(perm), mem.read_ptr(perm + 8))
+            kept = frozen_cache or {}
+            if (kept.get("ends") == ends and kept.get("n", -1) >= 0
+                    and time.monotonic() - kept.get("at", 0.0) < FROZEN_REWALK_S):
+                out["frozen"], frozen_types = kept["n"], dict(kept["types"])
+                out["frozen_walked"] = False
+            else:
+                out["frozen"] = walk_retry(mem, perm, stops, frozen_types, deadline=deadline)
+                if frozen_cache is not None:
+                    frozen_cache.clear()
+                    if out["frozen"] >= 0:
+                        frozen_cache.update(ends=ends, n=out["frozen"], types=dict(frozen_types),
+                                            at=time.monotonic())
+                    out["frozen_walked"] = True
             out.update({f"gen{g}_tracked": n for g, n in enumerate(tracked)})
             out["tracked"] = sum(n for n in tracked if n >= 0)
             out["approximate"] = True
@@ -185,16 +212,156 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
     return out
 
 
+class WalkerGone(LeaktraceError):
+    """The walker process did not answer (did not start, died, or ran past its time)."""
+
+
+class WalkerProcess:
+    """The walks, run out of the hunt's interpreter: ``python -m leaktrace.probes.pyheap_walk --worker``
+    (see that module). A walk is seconds of Python on a vLLM process under load; in a thread of the hunt
+    it held the GIL against the tick thread and the eBPF ring's consumer (ticks 10-49 s late, the ring
+    overflowed). Here the hunt's thread only waits on a pipe (no GIL held), the worker runs niced, dies
+    with the thread that started it (PR_SET_PDEATHSIG) and at :meth:`close`, and keeps each target's frozen
+    set walk between walks. One request at a time (the caller's lock); an answer that comes too late is
+    dropped by its id."""
+
+    READY_S = 20.0  # the worker's start (an interpreter and leaktrace's imports), on a loaded machine
+    SLACK_S = 10.0  # beyond a walk's budget: naming the types, writing the answer, a busy CPU
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._buf = bytearray()
+        self._ready = False
+        self._next_id = 0
+        self.lock = threading.Lock()
+        self.starts = 0
+        self.spawned_in: threading.Thread | None = None
+
+    def spawn(self) -> None:
+        """Start the worker (not waiting for it: the first request does)."""
+        self.close()
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.pop("PYTHONSTARTUP", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "leaktrace.probes.pyheap_walk", "--worker", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
+        self._buf.clear()
+        self._ready = False
+        self.starts += 1
+        self.spawned_in = threading.current_thread()  # its PR_SET_PDEATHSIG fires when this thread ends
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _line(self, deadline: float, stop: threading.Event | None = None) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                raise WalkerGone("the walker process did not answer in time")
+            r, _, _ = select.select([fd], [], [], min(left, 0.2))
+            if r:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise WalkerGone(f"the walker process ended (exit code {self.proc.poll()})")
+                self._buf += chunk
+        i = self._buf.index(b"\n")
+        line = bytes(self._buf[:i])
+        del self._buf[:i + 1]
+        return json.loads(line)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise WalkerGone(f"the walker process ended ({e})") from e
+
+    def walk(self, pid: int, where: Interpreter, budget: float, stop: threading.Event | None = None,
+             wait: float | None = None) -> dict[str, Any]:
+        """read_python_heap(pid, walk=True, where=where) in the worker, with its frozen-set cache. Raises
+        what the walk raised there when it is one of the errors a target's end gives (ProcessGone,
+        OSError), WalkerGone when no answer came in ``budget`` + SLACK_S (or ``wait``; or ``stop`` set: the
+        answer, when it comes, is dropped)."""
+        if not self.alive():
+            self.spawn()
+        if not self._ready:
+            hello = self._line(time.monotonic() + self.READY_S, stop)
+            if not hello.get("ready"):
+                raise WalkerGone(f"the walker process said {hello!r}")
+            self._ready = True
+        self._next_id += 1
+        rid = self._next_id
+        self._send({"id": rid, "pid": pid, "budget": budget,
+                    "where": {"path": where.path, "version": where.version, "runtime": where.runtime,
+                              "offs": where.offs, "source": where.source}})
+        deadline = time.monotonic() + (budget + self.SLACK_S if wait is None else wait)
+        while True:
+            ans = self._line(deadline, stop)
+            if ans.get("id") == rid:
+                break  # earlier ids: answers given up on (stop, timeout), dropped
+        if "ok" in ans:
+            st = ans["ok"]
+            if isinstance(st.get("types"), dict):
+                st["types"] = {k: (v[0], v[1]) for k, v in st["types"].items()}
+            return st
+        err, msg = ans.get("error", "?"), ans.get("msg", "")
+        if err in ("ProcessGone", "AccessDenied", "NoSuchProcess"):
+            raise ProcessGone(pid)
+        if err in ("OSError", "FileNotFoundError", "PermissionError", "ProcessLookupError"):
+            raise OSError(msg)
+        if err in ("ValueError", "KeyError", "error"):
+            raise ValueError(msg)
+        raise WalkerGone(f"walk of pid {pid} failed in the walker process: {err}: {msg}")
+
+    def forget(self, pid: int) -> None:
+        if self.alive() and self._ready:
+            try:
+                self._send({"forget": pid})
+            except WalkerGone:
+                pass
+
+    def close(self) -> None:
+        """End the worker: its stdin closed (it ends at once between walks), killed after 1 s."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            if p.stdin is not None:
+                p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+
+
 class PyHeapProbe:
-    """On for Python targets unless ``--no-pyheap``. Every tick: the GC counters (a few reads). In a thread
-    of its own (a walk neither delays the other probes' ticks nor the attach): the walk of every GC list
-    with the objects counted by type (``pyheap_types``), per process at most ``WALK_DUTY`` of the time (a
-    walk costs ~0.8 µs per object: ~0.1 s for 120k objects, ~0.6 s for vLLM's ~660k frozen ones) and not
-    more often than every ``MIN_WALK_GAP_S``; right after attach, and at stop."""
+    """On for Python targets unless ``--no-pyheap``. Every tick: the GC counters (a few reads). The walk of
+    every GC list with the objects counted by type (``pyheap_types``) runs in the walker process
+    (:class:`WalkerProcess`: not in the hunt's interpreter, whose GIL it held against the ticks and the eBPF
+    ring's consumer), asked by a thread of the probe that only waits for the answer; per process at most
+    ``WALK_DUTY`` of the time (a walk costs ~0.8 µs per object: ~0.1 s for 120k objects, ~0.6 s for
+    vLLM's ~660k frozen ones, walked again only when the set changed or every FROZEN_REWALK_S) and not
+    more often than every ``MIN_WALK_GAP_S``; right after attach, and at stop. ``IN_PROCESS``: the walks
+    in the probe's thread instead (the old way, for bench_pyheap's comparison)."""
 
     name = "pyheap"
     MIN_WALK_GAP_S = 5.0
     WALK_DUTY = 0.02
+    IN_PROCESS = False
+    WALK_BUDGET_S = 120.0  # a walk in the walker process: it delays nothing of the hunt, and a niced walk of
+    # ~700k objects took 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine (bench_pyheap_ticklag)
+    STOP_WAIT_S = 20.0  # the walks at stop, all processes together
+    MAX_WALKER_FAILS = 3  # walker processes that did not answer, in a row: the walks stop (counters go on)
 
     def __init__(self, options: HuntOptions) -> None:
         self.options = options
@@ -207,6 +374,9 @@ class PyHeapProbe:
         self._where: dict[int, Interpreter] = {}
         self.walks = 0
         self.walk_s = 0.0
+        self.frozen_kept = 0  # walks that reused the frozen set's last walk
+        self.walker: WalkerProcess | None = None
+        self._walker_fails = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -218,6 +388,16 @@ class PyHeapProbe:
         if n:
             ctx.log(f"pyheap: {n} Python process(es), GC state and object types read from memory "
                     "(no code run in the targets, never stopped)")
+        if not self.IN_PROCESS:
+            # Started from the hunt's own thread (it lives until stop): PR_SET_PDEATHSIG fires when the
+            # thread that started the worker ends. No Python target yet: started by the first walk.
+            self.walker = WalkerProcess()
+            try:
+                if n:
+                    self.walker.spawn()
+            except OSError as e:
+                ctx.warn(f"pyheap: no walker process ({e}): GC counters only, no object types")
+                self._walker_fails = self.MAX_WALKER_FAILS
         self._thread = threading.Thread(target=self._walker, name="pyheap-walk", daemon=True)
         self._thread.start()
 
@@ -240,6 +420,7 @@ class PyHeapProbe:
         assert self.ctx is not None
         session = self.ctx.session
         rows, type_rows = [], []
+        stop_by = time.monotonic() + self.STOP_WAIT_S  # mode "all": the walks at stop, all together
         for pid in self.ctx.targets.live():
             if self.python_pids.get(pid) is False:
                 continue
@@ -247,16 +428,32 @@ class PyHeapProbe:
             walk = mode == "all" or (mode == "due" and self._walk_due(pid, t0))
             if mode == "due" and not walk:
                 continue
+            if walk and not self.IN_PROCESS and self._walker_fails >= self.MAX_WALKER_FAILS:
+                if mode == "due":
+                    continue
+                walk = False  # at stop: the counters
             try:
                 where = self._where.get(pid)
                 if where is None:
                     found = locate(pid)
                     if isinstance(found, Interpreter):
                         where = self._where[pid] = found
-                st = read_python_heap(pid, walk=walk, where=where) if where is not None else found
+                if where is None:
+                    st = found
+                elif walk and not self.IN_PROCESS:
+                    st = self._walk_out(pid, where, mode, stop_by)
+                    if st is None:
+                        continue
+                else:
+                    st = read_python_heap(pid, walk=walk, where=where)
             except (LeaktraceError, OSError, ValueError, KeyError, struct.error):
                 self._where.pop(pid, None)
+                if self.walker is not None:
+                    self.walker.forget(pid)
                 continue
+            if st.pop("frozen_walked", True) is False:
+                with self._lock:
+                    self.frozen_kept += 1
             if "error" in st:
                 self._where.pop(pid, None)  # located again next time (an exec, an interpreter not up yet)
             t1 = session.now()
@@ -285,6 +482,31 @@ class PyHeapProbe:
         session.append("pyheap", rows)
         session.append("pyheap_types", type_rows)
 
+    def _walk_out(self, pid: int, where: Interpreter, mode: str, stop_by: float) -> dict[str, Any] | None:
+        """The walk of ``pid`` in the walker process; None when it gave no answer (said once; after
+        MAX_WALKER_FAILS in a row the walks stop)."""
+        assert self.walker is not None and self.ctx is not None
+        with self.walker.lock:
+            try:
+                if mode == "all":  # at stop: bounded, all processes together
+                    left = stop_by - time.monotonic()
+                    if left <= 0:
+                        return None
+                    st = self.walker.walk(pid, where, budget=min(5.0, left), wait=left)
+                else:
+                    st = self.walker.walk(pid, where, budget=self.WALK_BUDGET_S, stop=self._stop)
+            except WalkerGone as e:
+                if mode == "due" and self._stop.is_set():
+                    return None  # the stop came during the walk: its answer is dropped, the worker kept
+                self._walker_fails += 1
+                self.walker.close()  # a fresh one next time
+                if self._walker_fails == 1 or self._walker_fails == self.MAX_WALKER_FAILS:
+                    more = " (no more walks: GC counters only)" if self._walker_fails >= self.MAX_WALKER_FAILS else ""
+                    self.ctx.warn(f"pyheap: walk of pid {pid}: {e}{more}")
+                return None
+        self._walker_fails = 0
+        return st
+
     def tick(self, now: float) -> None:
         self._sample("counters")
 
@@ -292,13 +514,19 @@ class PyHeapProbe:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        if self.ctx is not None:
-            self._sample("all")
+        if self.walker is not None and self.walker.spawned_in is self._thread:
+            self.walker.close()  # started again by the walker thread, which ended: a fresh one for the last walks
+        try:
+            if self.ctx is not None:
+                self._sample("all")
+        finally:
+            if self.walker is not None:
+                self.walker.close()
 
     def summary(self) -> dict[str, Any]:
         keep = ("version", "gc_enabled", "frozen", "tracked", "gen0_count", "gen1_count", "gen2_count",
                 "gen2_collections", "error")
         out: dict[str, Any] = {str(pid): {k: s.get(k) for k in keep if k in s} for pid, s in self.last.items()}
         if self.walks:
-            out["walks"] = {"count": self.walks, "seconds": round(self.walk_s, 3)}
+            out["walks"] = {"count": self.walks, "seconds": round(self.walk_s, 3), "frozen_kept": self.frozen_kept}
         return out

@@ -1,11 +1,22 @@
 """The walk of CPython's GC lists from outside (``/proc/PID/mem``), for the pyheap probe: the objects of a
-list counted by type while the target runs and changes the list; the types named from their tp_name."""
+list counted by type while the target runs and changes the list; the types named from their tp_name.
+
+``python -m leaktrace.probes.pyheap_walk --worker PPID`` is the walker process the probe runs the walks in
+(see :class:`leaktrace.probes.pyheap.WalkerProcess`): a walk is seconds of Python code on a vLLM process
+under load, and run in a thread of the hunt it held the hunt's GIL against the tick thread and the eBPF
+ring's consumer (ticks 10-49 s late, ring overflows). The worker reads one JSON request a line on stdin
+and answers one JSON line on stdout; it runs niced, dies with the hunt (PR_SET_PDEATHSIG, and stdin's end)
+and keeps, per target, the walk of the frozen set (stable once frozen) between walks."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import struct
+import sys
 import time
+from typing import Any
 
 from leaktrace.procmem import ProcMem
 
@@ -16,6 +27,9 @@ MAX_WALK = 3_000_000
 # its deadline (the list then counts as not walked through, -1), so no walk outlasts WALK_BUDGET_S.
 YIELD_EVERY = 2048
 WALK_BUDGET_S = 5.0
+# In the walker process nothing shares the GIL with the walk: no yield there (set by worker_main).
+YIELD_GIL = True
+WORKER_NICE = 10  # the walker process yields the CPU to the hunt (ticks, ring drain) and the targets
 # Object layout of the default (non free-threaded) build on 64-bit, 3.8–3.13: a PyGC_Head (_gc_next,
 # _gc_prev) right before each tracked object; the object starts with ob_refcnt, ob_type; a type object's
 # tp_name follows its PyVarObject header.
@@ -46,7 +60,7 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
     cache: dict[int, bytes] = {}
     unpack_from, pread, fd, size = _NODE.unpack_from, os.pread, mem.fd, _NODE.size  # the hot loop
     good, good_tp = [head], [0]  # the last nodes walked through (and their types), for resyncs
-    resyncs = 0
+    resyncs = steps = 0
     node = mem.read_ptr(head)
     while node is not None:
         node &= ~0x3  # low bits of _gc_next are flags during a collection
@@ -54,8 +68,10 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
             break
         if node == 0 or node in stops or n >= MAX_WALK:
             return -1
-        if n % YIELD_EVERY == YIELD_EVERY - 1:
-            time.sleep(0.0002)  # let the hunt's other threads run (see YIELD_EVERY)
+        steps += 1  # not n: a list churned under the walk sends n back (resyncs) and past no multiple
+        if steps % YIELD_EVERY == 0:
+            if YIELD_GIL:
+                time.sleep(0.0002)  # let the hunt's other threads run (see YIELD_EVERY)
             if deadline is not None and time.monotonic() > deadline:
                 return -1
         base = node & ~(PAGE - 1)
@@ -146,3 +162,69 @@ def _tp_name(mem: ProcMem, tp: int) -> str | None:
         return None
     name = raw.decode("utf-8", "replace")
     return name if name.isprintable() else None
+
+
+def _die_with_parent(ppid: int) -> bool:
+    """PR_SET_PDEATHSIG(SIGKILL): the worker never outlives the hunt (the thread that started it).
+    False when the hunt already ended (the parent is not ``ppid`` any more)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    return os.getppid() == ppid
+
+
+def serve(requests: Any, answer: Any) -> None:
+    """Answer each request line of ``requests``: ``{"id", "pid", "where": Interpreter fields, "budget": s}``
+    → ``{"id", "ok": read_python_heap(...)}`` (``types`` as {name: [objects, frozen]}) or ``{"id",
+    "error": exception class, "msg"}``; ``{"forget": pid}`` drops what is kept of a process. Ends at
+    the end of ``requests``."""
+    from leaktrace.probes.pyheap import Interpreter, read_python_heap
+
+    frozen: dict[int, dict[str, Any]] = {}  # pid -> its frozen set's last walk (read_python_heap's cache)
+    for line in requests:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue
+        if "forget" in req:
+            frozen.pop(int(req["forget"]), None)
+            continue
+        rid, pid = req.get("id"), int(req["pid"])
+        try:
+            st = read_python_heap(pid, walk=True, where=Interpreter(**req["where"]),
+                                  frozen_cache=frozen.setdefault(pid, {}), budget=float(req.get("budget", WALK_BUDGET_S)))
+            msg: dict[str, Any] = {"id": rid, "ok": st}
+        except Exception as e:  # noqa: BLE001 - said to the hunt, which decides
+            frozen.pop(pid, None)
+            msg = {"id": rid, "error": type(e).__name__, "msg": str(e)}
+        answer.write(json.dumps(msg, separators=(",", ":")) + "\n")
+        answer.flush()
+
+
+def worker_main(argv: list[str]) -> int:
+    global YIELD_GIL  # noqa: PLW0603
+    if len(argv) != 2 or argv[0] != "--worker":
+        print("usage: python -m leaktrace.probes.pyheap_walk --worker PARENT_PID", file=sys.stderr)
+        return 2
+    if not _die_with_parent(int(argv[1])):
+        return 0
+    YIELD_GIL = False
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the hunt's terminal: the hunt stops it
+    sys.stdout.write('{"ready":true}\n')
+    sys.stdout.flush()
+    serve(sys.stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    # run as the module the rest of leaktrace imports (``-m`` makes this file ``__main__``, a second copy)
+    from leaktrace.probes import pyheap_walk
+
+    sys.exit(pyheap_walk.worker_main(sys.argv[1:]))

@@ -76,7 +76,10 @@ def _is_process(pid: int) -> bool:
 # Events applied per drain: ~20 ms of Python work at the rates bench_bpf measures, so the lock (and the
 # tick behind it) is never held long.
 MAX_BATCH = 8192
-STOP_DRAIN_S = 1.0  # at stop, what the ring holds (it refills while the target runs: bounded)
+# At stop every record the ring held is applied, however long that takes (a munmap left in the ring is a
+# region the ledger calls outstanding); past that, what the still running targets add meanwhile is read
+# for at most STOP_DRAIN_S more.
+STOP_DRAIN_S = 1.0
 
 
 class BpfProbe(SnapshotRows):
@@ -97,6 +100,7 @@ class BpfProbe(SnapshotRows):
         self.header_kind = ""
         self.ctx: HuntContext | None = None
         self._queue: list[Event] = []
+        self._applied = 0  # events taken from the ring and applied (all batches)
         self._maps_due: set[int] = set()  # processes that loaded a library in the batch being applied
         self._known: set[int] = set()
         self._stop = threading.Event()
@@ -222,15 +226,26 @@ class BpfProbe(SnapshotRows):
             self._thread.join(timeout=5)
         with self.lock:
             try:
-                # What the ring holds at stop, in batches; bounded, as the target may go on mapping.
-                deadline = time.monotonic() + STOP_DRAIN_S
-                while self._drain() and time.monotonic() < deadline:
-                    pass
+                self._drain_at_stop()
                 self._snapshot()
                 self._write_final()
             finally:
                 self.prog.cleanup()
                 self.prog = None
+
+    def ring_records(self) -> int:
+        """The most records the ring can hold at once (each at least an Event and its 8-byte header)."""
+        return self.defines["LT_RING_PAGES"] * 4096 // (8 + (ct.sizeof(Event) + 7) // 8 * 8)
+
+    def _drain_at_stop(self) -> None:
+        """Batches until the ring is empty (a batch that is not full). Everything it held at stop is
+        applied whatever the time (at most ring_records(): the ring is read in order); beyond that, the
+        records the targets keep adding are read for at most STOP_DRAIN_S."""
+        held, start = self.ring_records(), self._applied
+        deadline = time.monotonic() + STOP_DRAIN_S
+        while self._drain():
+            if self._applied - start >= held and time.monotonic() >= deadline:
+                break
 
     def summary(self) -> dict[str, Any]:
         tot = self.ledger_totals()
@@ -256,6 +271,7 @@ class BpfProbe(SnapshotRows):
         if not self._queue:
             return False
         batch, self._queue = self._queue, []
+        self._applied += len(batch)
         needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_SHMAT, EV_EXEC, EV_EXIT)
                            for e in batch)
         kmap = self._scan_kernel() if needs_kernel else {}
