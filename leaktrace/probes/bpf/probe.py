@@ -15,6 +15,8 @@ from __future__ import annotations
 import ctypes as ct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from leaktrace import procfs
@@ -96,6 +98,11 @@ class BpfProbe(SnapshotRows):
         self.symbols = Symbolizer()
         self.scanner = StackScanner(self.symbols)
         self.lock = threading.RLock()
+        # Threads other than the poll thread waiting for the lock (the tick, add_pid): Python's locks are
+        # not fair, and a poll thread that drains full batches back to back re-takes the lock the moment it
+        # lets go, so a waiting tick could wait out the whole stream (43 s seen in a P/D decode hunt).
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         self.prog: Any = None
         self.header_kind = ""
         self.ctx: HuntContext | None = None
@@ -166,8 +173,23 @@ class BpfProbe(SnapshotRows):
         if rows:
             ctx.session.append("bpf_missed", rows)
 
+    @contextmanager
+    def _ahead_of_poll(self) -> Iterator[None]:
+        """The lock, taken ahead of the poll thread (which yields between batches while anyone waits)."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            self.lock.acquire()
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
+
     def add_pid(self, pid: int) -> None:
-        with self.lock:
+        with self._ahead_of_poll():
             self._add_target(pid)
 
     def _add_target(self, pid: int) -> None:
@@ -201,6 +223,8 @@ class BpfProbe(SnapshotRows):
         # A full batch means more is waiting: drain again at once, but take the lock per batch so the
         # hunt's tick (watcher, snapshots) never waits behind a stream of events.
         while not self._stop.wait(0 if full else self.poll_interval):
+            while self._waiting and not self._stop.is_set():
+                time.sleep(0.001)  # a tick (or add_pid) waits for the lock: let it have it first
             try:
                 with self.lock:
                     full = self._drain()
@@ -211,7 +235,7 @@ class BpfProbe(SnapshotRows):
                 return
 
     def tick(self, now: float) -> None:
-        with self.lock:
+        with self._ahead_of_poll():
             if self.ctx is not None:
                 for pid in self.ctx.targets.live():
                     self._add_target(pid)
