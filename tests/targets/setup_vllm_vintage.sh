@@ -5,8 +5,10 @@
 #  * nixl 0.9.0 + nixl-cu12 0.9.0 in their own target dir, put first on PYTHONPATH of the vintage
 #    servers only (.venv-vllm keeps nixl 1.5.1 for the other vLLM tests);
 #  * a stub libcuda.so.1 (tests/targets/libcuda_stub.c): libplugin_UCX.so of nixl-cu12 0.9.0 needs it;
-#  * a larger random-weight Llama (hidden 1024, intermediate 2816, 4 layers, vocab 8192, ~115 MB):
-#    its per-step tensors cross glibc's mmap threshold, so the workers munmap like production ones.
+#  * a random-weight Llama with many thin layers (hidden 256, intermediate 704, 16 layers, vocab 8192,
+#    ~29 MB): its per-layer tensors cross glibc's mmap threshold (4 KiB, set for the servers) every step
+#    and a step is cheap, so the workers munmap like production ones (the 1024-hidden 4-layer model that
+#    build_tiny_model.py can also make munmapped ~50/s here: too few for the leak to show in a minute).
 set -euo pipefail
 # pip warns about every local index folder a package is missing from; keep the real errors only.
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
@@ -28,10 +30,10 @@ if [ ! -f "$LIB" ] || [ "$SRC" -nt "$LIB" ]; then
   gcc -O2 -Wall -fPIC -shared -Wl,-soname,libcuda.so.1 "$SRC" -o "$LIB.tmp"
   mv "$LIB.tmp" "$LIB"
 fi
-MODEL="$REPO/.cache/llama-1024"
+MODEL="$REPO/.cache/llama-256x16"
 if [ ! -f "$MODEL/.complete" ]; then
-  echo "[setup] building the 1024-hidden random-weight model (~115 MB)"
+  echo "[setup] building the 16-layer random-weight model (~29 MB)"
   "$V/bin/python" "$REPO/tests/targets/build_tiny_model.py" "$MODEL" \
-      --hidden 1024 --intermediate 2816 --layers 4 --vocab 8192
+      --hidden 256 --intermediate 704 --layers 16 --vocab 8192
   touch "$MODEL/.complete"
 fi

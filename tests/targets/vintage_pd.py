@@ -11,6 +11,9 @@ Set-up: tests/targets/setup_vllm_vintage.sh (nixl 0.9.0 in .cache/nixl-0.9.0, fi
 PYTHONPATH only; a stub libcuda.so.1 for the NIXL UCX plugin; a larger random-weight Llama so that the
 workers munmap like production ones, with MALLOC_MMAP_THRESHOLD_=4096).
 
+Measured here (2 cores shared with other jobs): 2 concurrent 120-word completions (8 tokens) through the
+proxy, ~45 requests/min; the prefill worker ~200-500 munmaps/s, the decode worker ~15-25/s.
+
 Also runnable by hand: ``python tests/targets/vintage_pd.py [leak|fixed] [SECONDS]`` starts the namespace,
 the pair and the proxy, drives load and prints the workers' RSS every 10 s.
 """
@@ -37,9 +40,14 @@ REPO = vllm_servers.REPO
 CACHE = REPO / ".cache"
 NIXL_OLD = CACHE / "nixl-0.9.0"
 CUDA_STUB = CACHE / "libcuda-stub"
-MODEL = CACHE / "llama-1024"
+# Many thin layers: every step's per-layer tensors cross the 4 KiB mmap threshold, and a step is cheap on
+# one core, so a worker munmaps ~200-500 times a second under load (the 1024-hidden, 4-layer model: ~50).
+MODEL = Path(os.environ.get("VINTAGE_MODEL", CACHE / "llama-256x16"))
 NS_ADDR, NS_PEER = "10.77.0.1/24", "10.77.0.2/24"
 CLONE_NEWNET = 0x40000000
+
+# NIXL's UCX backend with one worker thread (vLLM's default is 4): fewer busy-polling threads on 2 cores.
+KV = {**vllm_servers.NIXL_KV, "kv_connector_extra_config": {"num_threads": int(os.environ.get("VINTAGE_NIXL_THREADS", "1"))}}
 
 # The leak on: vLLM 0.32 sets UCX_RCACHE_MAX_UNRELEASED=1024 itself unless the variable is already set.
 LEAK = "inf"
@@ -54,7 +62,7 @@ def available() -> str | None:
     if os.geteuid() != 0:
         return "needs root (a private network namespace)"
     for path, what in ((NIXL_OLD / ".complete", "nixl 0.9.0"), (CUDA_STUB / "libcuda.so.1", "the libcuda stub"),
-                       (MODEL / ".complete", "the 1024-hidden model")):
+                       (MODEL / ".complete", "the 16-layer model")):
         if not path.exists():
             return f"no {what} (run tests/targets/setup_vllm_vintage.sh)"
     for tool in ("unshare", "nsenter", "ip"):
@@ -144,7 +152,7 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
         # One OpenMP thread per server, each on its own core: with vLLM's default binding both servers'
         # compute threads share the two cores and spin in OpenMP barriers while the other holds the core
         # (seen: prefill stuck for minutes, decode waiting for its KV).
-        "VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VINTAGE_BIND", "nobind"), "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(NIXL_OLD),  # nixl 0.9.0 before .venv-vllm's 1.5.1
         "LD_LIBRARY_PATH": str(CUDA_STUB),
         "UCX_NET_DEVICES": "lo,eth0",  # the namespace's interfaces only
@@ -181,7 +189,7 @@ def start(max_unreleased: str = LEAK, ns: NetNs | None = None, prefill_port: int
         cores = (0, 1) if (os.cpu_count() or 1) >= 2 else (0, 0)
         for name, port, side, core in (("vintage-prefill", prefill_port, 5610, cores[0]),
                                        ("vintage-decode", decode_port, 5710, cores[1])):
-            servers.append(vllm_servers.start_server(name, port, vllm_servers.NIXL_KV,
+            servers.append(vllm_servers.start_server(name, port, KV,
                                                      server_env(max_unreleased, side, core), prefix=pre,
                                                      model=MODEL))
         ns.call(vllm_servers.wait_ready, servers, timeout)
@@ -208,7 +216,7 @@ def prompt(i: int, words: int = 120) -> str:
 class Load(threading.Thread):
     """Completions through the proxy from inside the namespace, ``concurrency`` at a time, until stopped."""
 
-    def __init__(self, ns: NetNs | None, url: str, concurrency: int = 2, max_tokens: int = 4,
+    def __init__(self, ns: NetNs | None, url: str, concurrency: int = 2, max_tokens: int = 8,
                  words: int = 120) -> None:
         super().__init__(daemon=True)
         self.ns, self.url, self.concurrency, self.max_tokens, self.words = ns, url, concurrency, max_tokens, words
@@ -282,7 +290,7 @@ def main() -> None:
     print(f"ready in {time.monotonic() - t0:.0f}s: prefill {pair.prefill.pid} decode {pair.decode.pid} "
           f"proxy {pair.proxy.pid} ns holder {pair.ns.pid}", flush=True)
     try:
-        load = Load(pair.ns, pair.proxy.url, int(os.environ.get("CONC", "2")), int(os.environ.get("MAXTOK", "4")),
+        load = Load(pair.ns, pair.proxy.url, int(os.environ.get("CONC", "2")), int(os.environ.get("MAXTOK", "8")),
                     int(os.environ.get("WORDS", "120")))
         if secs > 0:
             load.start()
