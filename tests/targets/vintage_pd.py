@@ -161,6 +161,7 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
         # A real deployment knob: a fixed threshold (also turns glibc's dynamic one off) makes every
         # per-step tensor above 4 KiB an mmap/munmap pair, as large models do in production.
         "MALLOC_MMAP_THRESHOLD_": "4096",
+        **({"MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0"} if os.environ.get("VINTAGE_TRIM") else {}),
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
     }
 
