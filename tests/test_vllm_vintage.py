@@ -39,7 +39,8 @@ sys.path.insert(0, str(REPO / "tests" / "targets"))
 
 import vintage_pd  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# The module fixture (two pairs, two hunts) runs inside the first test's time: ~10 min, more under load.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HUNT_S = int(os.environ.get("LEAKTRACE_VINTAGE_HUNT_S", "60"))
 CHUNK = 151552  # one mpool chunk of UCX's rcache invalidation queue (148 KiB), mapped by ucm's raw mmap
