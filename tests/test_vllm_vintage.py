@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HUNT_S = int(os.environ.get("LEAKTRACE_VINTAGE_HUNT_S", "60"))
 CHUNK = 151552  # one mpool chunk of UCX's rcache invalidation queue (148 KiB), mapped by ucm's raw mmap
-UCX_LIB = re.compile(r"(^|/)libuc[ms](-[0-9a-f]{8})?\.so")
+UCX_LIB = re.compile(r"(?:^|/)libuc[ms](?:-[0-9a-f]{8})?\.so")
 
 
 class RssSampler(threading.Thread):
