@@ -80,20 +80,29 @@ def _series(snaps: pd.DataFrame, ticks: np.ndarray, pid: int, library: str | Non
 
 
 BIRTH_STEP_S = 0.25  # grid of the birth-time series of a short-lived process
+# A live process whose outstanding series swings this much (pairwise-slope agreement below this) is also
+# rated from what it still held at the hunt's end, by birth time: one call path can carry both short-lived
+# mappings and a leak (UCX's hooked mmap: every malloc mmap of the process *and* the rcache's chunks).
+HELD_SWITCH_CONFIDENCE = 0.75
+HELD_YOUNG_S = 5.0  # regions born this close to the end may be short-lived ones caught in flight: left out
 
 
 def _birth_series(regions: pd.DataFrame, pid: int, library: str | None, kind: str, t_start: float,
-                  t_exit: float) -> tuple[np.ndarray, np.ndarray, int] | None:
+                  t_exit: float, at_exit: bool = True) -> tuple[np.ndarray, np.ndarray, int] | None:
     """What a process held at its exit, by birth time: bytes born by each instant of a regular grid from the
     start of tracing to the exit (the growth of what it still held then: memory mapped and freed before is
     not in it). (grid, bytes, regions), or None when it held nothing of (library, kind) or lived < 1 s.
-    library None: every library (the malloc heap is judged whole)."""
+    library None: every library (the malloc heap is judged whole). ``at_exit`` False: what a live process
+    held at the hunt's stop instead (``t_exit`` then ends the grid; later births are left out)."""
     if regions.empty or "at_exit" not in regions or t_exit - t_start < 1.0:
         return None
     sel = (regions["pid"] == pid) & (regions["kind"] == kind)
     if library is not None:
         sel &= regions["library"] == library
-    mine = regions[sel & regions["at_exit"].astype(bool) & ~regions["preexisting"].astype(bool)]
+    sel &= regions["at_exit"].astype(bool) == at_exit
+    if not at_exit:
+        sel &= regions["t_born"] <= t_exit
+    mine = regions[sel & ~regions["preexisting"].astype(bool)]
     if mine.empty:
         return None
     mine = mine.sort_values("t_born")
@@ -170,6 +179,16 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
         if len(t) >= 3:
             r = rate(t, y, warmup_s=0.0)
             how = f"Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s"
+            if r.confidence < HELD_SWITCH_CONFIDENCE and pid not in exit_t:
+                held = _birth_series(regions, pid, group_library, kind, float(t[0]), float(t[-1]) - HELD_YOUNG_S,
+                                     at_exit=False)
+                rh = rate(held[0], held[1], warmup_s=0.0) if held is not None else None
+                if rh is not None and rh.per_s > 0 and rh.confidence > r.confidence:
+                    how = (f"the outstanding bytes swing (confidence {r.confidence:.2f} over {r.n} snapshots: "
+                           f"short-lived mappings come and go through this call path), so rated from the "
+                           f"{held[2]} region(s) born during the hunt and still held at its end, by birth time "
+                           f"(births in its last {HELD_YOUNG_S:.0f} s left out), Theil-Sen over {rh.span_s:.0f} s")
+                    r = rh
         elif short and len(t) == 2 and t[1] > t[0]:
             # Two snapshots (attach, exit): the growth over its traced life; the birth times of what it
             # held at exit say whether that growth was steady.

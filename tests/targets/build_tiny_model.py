@@ -1,12 +1,14 @@
 """Build a tiny random-weight Llama model and a byte-level BPE tokenizer locally (no downloads).
 
-Run with the vLLM venv's Python: ``build_tiny_model.py OUT_DIR``. Sizes are the smallest vLLM's CPU
-backend accepts: attention head size must be at least 32.
+Run with the vLLM venv's Python: ``build_tiny_model.py OUT_DIR [--hidden N --intermediate N --layers N
+--vocab N]``. The default sizes are the smallest vLLM's CPU backend accepts (attention head size must be at
+least 32). The vintage P/D target uses a larger one (hidden 1024, intermediate 2816, 4 layers, vocab 8192,
+~115 MB): its per-step tensors cross glibc's mmap threshold, so the workers munmap like production ones.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 # Local text to train the tokenizer on: enough distinct words for ~1k merges.
@@ -24,7 +26,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build(out: Path) -> None:
+def build(out: Path, hidden: int = 64, intermediate: int = 128, layers: int = 2, vocab: int = 1024) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -34,7 +36,8 @@ def build(out: Path) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=special,
+    # The local text holds ~1k merges at most: a larger model vocabulary keeps ids the tokenizer never makes.
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab, 1024), special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_TEXT.splitlines(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
@@ -44,8 +47,8 @@ def build(out: Path) -> None:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32, head_dim=32, max_position_embeddings=1024,
         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
         tie_word_embeddings=True, torch_dtype="bfloat16",
     )
@@ -54,6 +57,11 @@ def build(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: build_tiny_model.py OUT_DIR")
-    build(Path(sys.argv[1]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--intermediate", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=1024)
+    a = ap.parse_args()
+    build(a.out, a.hidden, a.intermediate, a.layers, a.vocab)

@@ -96,12 +96,12 @@ def stop_group(popen: subprocess.Popen, timeout: float = 20.0) -> None:
 
 
 def start_server(name: str, port: int, kv: dict | None = None, env: dict[str, str] | None = None,
-                 host: str = "127.0.0.1", prefix: list[str] | None = None) -> Server:
+                 host: str = "127.0.0.1", prefix: list[str] | None = None, model: Path = MODEL) -> Server:
     """``host``: a loopback address (each node of the cluster tests has its own); ``prefix``: a command prefix
     that places the server on such a node (its network, PID and mount namespaces)."""
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / f"{name}-{port}.log"
-    argv = [*(prefix or []), str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--host", host, "--port", str(port),
+    argv = [*(prefix or []), str(VENV / "bin" / "vllm"), "serve", str(model), "--host", host, "--port", str(port),
             "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8"]
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv)]
@@ -164,8 +164,8 @@ def start_proxy(port: int, prefill_ports: list[int], decode_ports: list[int], ho
     return Proxy(port, popen, host)
 
 
-def complete(base_url: str, prompt: str, max_tokens: int = 8, timeout: float = 90.0) -> dict:
-    body = {"model": str(MODEL), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+def complete(base_url: str, prompt: str, max_tokens: int = 8, timeout: float = 90.0, model: Path = MODEL) -> dict:
+    body = {"model": str(model), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     req = urllib.request.Request(f"{base_url}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - loopback only
