@@ -63,3 +63,21 @@ def test_swinging_series_without_a_leak_stays_unsteady() -> None:
     # Only transient mappings: nothing born during the hunt is held at its end (but the young ones).
     found = [c for c in native_culprits(_session(False)) if c["library"] == LIB]
     assert not found or found[0]["confidence"] < 0.75, found
+
+
+def test_ring_of_long_lived_buffers_is_not_rated_from_what_it_holds() -> None:
+    # A pool of 20 buffers of 4 chunks, one replaced every 2 s (each lives 40 s): the outstanding total is
+    # flat (with in-flight noise), but what is held at the end was all born during the hunt, late: the
+    # birth-time series rises. Not a leak: the total did not grow.
+    rng = np.random.default_rng(1)
+    t = np.arange(10.0, 100.0, 3.0)
+    snaps = pd.DataFrame({"t": t, "pid": 7, "library": LIB, "kind": "anon",
+                          "outstanding_bytes": 80 * CHUNK + rng.integers(0, 25, len(t)) * CHUNK, "regions": 1})
+    born = np.arange(100.0 - 40.0, 100.0, 2.0)
+    regions = pd.DataFrame({"pid": 7, "start": 0, "end": 0, "size": 4 * CHUNK, "library": LIB, "kind": "anon",
+                            "stack_key": "7:0x1", "preexisting": False, "t_born": born, "path": "",
+                            "at_exit": False})
+    session = Tables({"ledger_snapshots": snaps, "ledger_regions": regions,
+                      "bpf_counters": pd.DataFrame({"t": t, "lost_events": 0}), "ledger_exits": pd.DataFrame()})
+    found = [c for c in native_culprits(session) if c["library"] == LIB]
+    assert not found or not any("still held at its end" in e for e in found[0]["evidence"]), found

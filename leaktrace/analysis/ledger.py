@@ -84,6 +84,7 @@ BIRTH_STEP_S = 0.25  # grid of the birth-time series of a short-lived process
 # rated from what it still held at the hunt's end, by birth time: one call path can carry both short-lived
 # mappings and a leak (UCX's hooked mmap: every malloc mmap of the process *and* the rcache's chunks).
 HELD_SWITCH_CONFIDENCE = 0.75
+HELD_MIN_RISE_SHARE = 0.5  # ... and when the outstanding total rose by at least this share of what they hold
 HELD_YOUNG_S = 5.0  # regions born this close to the end may be short-lived ones caught in flight: left out
 
 
@@ -183,7 +184,12 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                 held = _birth_series(regions, pid, group_library, kind, float(t[0]), float(t[-1]) - HELD_YOUNG_S,
                                      at_exit=False)
                 rh = rate(held[0], held[1], warmup_s=0.0) if held is not None else None
-                if rh is not None and rh.per_s > 0 and rh.confidence > r.confidence:
+                # What was born and is still held must also show as a rise of the outstanding total: a pool
+                # of long-lived buffers replaced in turn (a ring) holds young ones at the end without growing.
+                fifth = max(1, len(y) // 5)
+                rose = float(np.median(y[-fifth:]) - np.median(y[:fifth]))
+                if (rh is not None and rh.per_s > 0 and rh.confidence > r.confidence
+                        and rose >= HELD_MIN_RISE_SHARE * float(held[1][-1])):
                     how = (f"the outstanding bytes swing (confidence {r.confidence:.2f} over {r.n} snapshots: "
                            f"short-lived mappings come and go through this call path), so rated from the "
                            f"{held[2]} region(s) born during the hunt and still held at its end, by birth time "
