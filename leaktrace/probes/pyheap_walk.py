@@ -2,7 +2,7 @@
 list counted by type while the target runs and changes the list; the types named from their tp_name.
 
 ``python -m leaktrace.probes.pyheap_walk --worker PPID`` is the walker process the probe runs the walks in
-(see :class:`leaktrace.probes.pyheap.WalkerProcess`): a walk is seconds of Python code on a vLLM process
+(see :class:`leaktrace.probes.pyheap_worker.WalkerProcess`): a walk is seconds of Python code on a vLLM process
 under load, and run in a thread of the hunt it held the hunt's GIL against the tick thread and the eBPF
 ring's consumer (ticks 10-49 s late, ring overflows). The worker reads one JSON request a line on stdin
 and answers one JSON line on stdout; it runs niced, dies with the hunt (PR_SET_PDEATHSIG, and stdin's end)

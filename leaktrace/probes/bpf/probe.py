@@ -44,36 +44,12 @@ from leaktrace.probes.bpf.layout import (
     Range,
     WindowEvent,
 )
-from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.origins import GrowthOrigins
+from leaktrace.probes.bpf.procread import _is_process, _read_maps, _start_brk
 from leaktrace.probes.bpf.snapshots import SnapshotRows
 from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
 from leaktrace.probes.bpf.sysvshm import ShmSizer
-
-
-def _read_maps(pid: int) -> list[MapEntry] | None:
-    """/proc/PID/maps through procfs (only "\n" ends a line: file names keep \x0c, \u2028 ...); None when
-    the process is gone or unreadable."""
-    try:
-        maps = procfs.read_maps(pid)
-    except (ProcessGone, AccessDenied, procfs.ParseError, OSError):
-        return None
-    return [MapEntry(m.start, m.end, m.offset, m.perms, m.path) for m in maps]
-
-
-def _start_brk(pid: int) -> int | None:
-    try:
-        return int(procfs.stat_field(procfs.read_proc_text(pid, "stat"), 47))  # start_brk
-    except (ProcessGone, AccessDenied, OSError, ValueError):  # ValueError: procfs.ParseError too
-        return None
-
-
-def _is_process(pid: int) -> bool:
-    """A process (its own thread group leader), not one more thread of another."""
-    try:
-        return procfs.status_int(procfs.read_status(pid), "Tgid") == pid
-    except (ProcessGone, AccessDenied, OSError, ValueError):
-        return False
-
 
 # Events applied per drain: ~20 ms of Python work at the rates bench_bpf measures, so the lock (and the
 # tick behind it) is never held long.
@@ -84,7 +60,7 @@ MAX_BATCH = 8192
 STOP_DRAIN_S = 1.0
 
 
-class BpfProbe(SnapshotRows):
+class BpfProbe(SnapshotRows, GrowthOrigins):
     name = "bpf"
 
     def __init__(self, options: HuntOptions | None = None, poll_interval: float = 0.05,
@@ -399,35 +375,6 @@ class BpfProbe(SnapshotRows):
             return ct.c_uint32(pid) in self.prog[b"oom_victims"]
         except Exception:  # noqa: BLE001 - a missing map (older program) means "not known"
             return False
-
-    def _growth_origin(self, e: Event, kind: str | None) -> Origin:
-        """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
-        found by scanning the event's stack window (the caller of malloc), else the syscall's caller.
-        ``kind`` None (an anonymous mmap or mprotect made by libc): "heap" when malloc & co. made it, else
-        "anon"."""
-        o = self._origin_of(e, kind or "anon")
-        if not isinstance(e, WindowEvent) or not e.win_len:
-            return o
-        window = e.window
-        if e.type == EV_MREMAP:
-            # A wrapper called straight by its user (mremap): its return address sits at the offset its
-            # epilogue says; a scan could take a stale word left in the wrapper's frame instead.
-            exact = self.scanner.wrapper_caller(e.tgid, e.ip, window)
-            if exact is not None and self.scanner.in_runtime(e.tgid, exact[1]) is False:
-                caller = exact[1]
-                if (e.tgid, caller) not in self.scanner.chains:
-                    self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window[exact[0]:])
-                return Origin(kind or "anon", t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
-        inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
-        if kind is None:
-            kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"
-            o = self._origin_of(e, kind)
-        caller = self.scanner.caller(e.tgid, inner)
-        if caller is None:
-            return o
-        if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown
-            self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window)
-        return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)

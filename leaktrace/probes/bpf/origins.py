@@ -1,0 +1,38 @@
+"""Where a heap's growth comes from: the caller of malloc found in an event's stack window (a mixin of
+BpfProbe, which holds the scanner and the kernel regions' origins). Split from probe.py (move only)."""
+
+from __future__ import annotations
+
+from leaktrace.probes.bpf.addrspace import Origin
+from leaktrace.probes.bpf.layout import EV_MREMAP, Event, WindowEvent
+
+
+class GrowthOrigins:
+    def _growth_origin(self, e: Event, kind: str | None) -> Origin:
+        """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
+        found by scanning the event's stack window (the caller of malloc), else the syscall's caller.
+        ``kind`` None (an anonymous mmap or mprotect made by libc): "heap" when malloc & co. made it, else
+        "anon"."""
+        o = self._origin_of(e, kind or "anon")
+        if not isinstance(e, WindowEvent) or not e.win_len:
+            return o
+        window = e.window
+        if e.type == EV_MREMAP:
+            # A wrapper called straight by its user (mremap): its return address sits at the offset its
+            # epilogue says; a scan could take a stale word left in the wrapper's frame instead.
+            exact = self.scanner.wrapper_caller(e.tgid, e.ip, window)
+            if exact is not None and self.scanner.in_runtime(e.tgid, exact[1]) is False:
+                caller = exact[1]
+                if (e.tgid, caller) not in self.scanner.chains:
+                    self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window[exact[0]:])
+                return Origin(kind or "anon", t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
+        inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
+        if kind is None:
+            kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"
+            o = self._origin_of(e, kind)
+        caller = self.scanner.caller(e.tgid, inner)
+        if caller is None:
+            return o
+        if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown
+            self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window)
+        return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)

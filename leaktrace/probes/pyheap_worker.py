@@ -1,0 +1,150 @@
+"""The pyheap probe's walker process, seen from the hunt: starts ``python -m leaktrace.probes.pyheap_walk
+--worker`` and asks it for walks (one JSON line each way). Split from leaktrace.probes.pyheap (move only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from leaktrace.errors import LeaktraceError, ProcessGone
+
+if TYPE_CHECKING:
+    from leaktrace.probes.pyheap import Interpreter
+
+
+class WalkerGone(LeaktraceError):
+    """The walker process did not answer (did not start, died, or ran past its time)."""
+
+
+class WalkerProcess:
+    """The walks, run out of the hunt's interpreter: ``python -m leaktrace.probes.pyheap_walk --worker``
+    (see that module). A walk is seconds of Python on a vLLM process under load; in a thread of the hunt
+    it held the GIL against the tick thread and the eBPF ring's consumer (ticks 10-49 s late, the ring
+    overflowed). Here the hunt's thread only waits on a pipe (no GIL held), the worker runs niced, dies
+    with the thread that started it (PR_SET_PDEATHSIG) and at :meth:`close`, and keeps each target's frozen
+    set walk between walks. One request at a time (the caller's lock); an answer that comes too late is
+    dropped by its id."""
+
+    READY_S = 20.0  # the worker's start (an interpreter and leaktrace's imports), on a loaded machine
+    SLACK_S = 10.0  # beyond a walk's budget: naming the types, writing the answer, a busy CPU
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._buf = bytearray()
+        self._ready = False
+        self._next_id = 0
+        self.lock = threading.Lock()
+        self.starts = 0
+        self.spawned_in: threading.Thread | None = None
+
+    def spawn(self) -> None:
+        """Start the worker (not waiting for it: the first request does)."""
+        self.close()
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.pop("PYTHONSTARTUP", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "leaktrace.probes.pyheap_walk", "--worker", str(os.getpid())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
+        self._buf.clear()
+        self._ready = False
+        self.starts += 1
+        self.spawned_in = threading.current_thread()  # its PR_SET_PDEATHSIG fires when this thread ends
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _line(self, deadline: float, stop: threading.Event | None = None) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                raise WalkerGone("the walker process did not answer in time")
+            r, _, _ = select.select([fd], [], [], min(left, 0.2))
+            if r:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise WalkerGone(f"the walker process ended (exit code {self.proc.poll()})")
+                self._buf += chunk
+        i = self._buf.index(b"\n")
+        line = bytes(self._buf[:i])
+        del self._buf[:i + 1]
+        return json.loads(line)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise WalkerGone(f"the walker process ended ({e})") from e
+
+    def walk(self, pid: int, where: Interpreter, budget: float, stop: threading.Event | None = None,
+             wait: float | None = None) -> dict[str, Any]:
+        """read_python_heap(pid, walk=True, where=where) in the worker, with its frozen-set cache. Raises
+        what the walk raised there when it is one of the errors a target's end gives (ProcessGone,
+        OSError), WalkerGone when no answer came in ``budget`` + SLACK_S (or ``wait``; or ``stop`` set: the
+        answer, when it comes, is dropped)."""
+        if not self.alive():
+            self.spawn()
+        if not self._ready:
+            hello = self._line(time.monotonic() + self.READY_S, stop)
+            if not hello.get("ready"):
+                raise WalkerGone(f"the walker process said {hello!r}")
+            self._ready = True
+        self._next_id += 1
+        rid = self._next_id
+        self._send({"id": rid, "pid": pid, "budget": budget,
+                    "where": {"path": where.path, "version": where.version, "runtime": where.runtime,
+                              "offs": where.offs, "source": where.source}})
+        deadline = time.monotonic() + (budget + self.SLACK_S if wait is None else wait)
+        while True:
+            ans = self._line(deadline, stop)
+            if ans.get("id") == rid:
+                break  # earlier ids: answers given up on (stop, timeout), dropped
+        if "ok" in ans:
+            st = ans["ok"]
+            if isinstance(st.get("types"), dict):
+                st["types"] = {k: (v[0], v[1]) for k, v in st["types"].items()}
+            return st
+        err, msg = ans.get("error", "?"), ans.get("msg", "")
+        if err in ("ProcessGone", "AccessDenied", "NoSuchProcess"):
+            raise ProcessGone(pid)
+        if err in ("OSError", "FileNotFoundError", "PermissionError", "ProcessLookupError"):
+            raise OSError(msg)
+        if err in ("ValueError", "KeyError", "error"):
+            raise ValueError(msg)
+        raise WalkerGone(f"walk of pid {pid} failed in the walker process: {err}: {msg}")
+
+    def forget(self, pid: int) -> None:
+        if self.alive() and self._ready:
+            try:
+                self._send({"forget": pid})
+            except WalkerGone:
+                pass
+
+    def close(self) -> None:
+        """End the worker: its stdin closed (it ends at once between walks), killed after 1 s."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            if p.stdin is not None:
+                p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
