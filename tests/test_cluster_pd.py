@@ -32,7 +32,8 @@ PF, DC = ("lt-pf", "127.0.0.2"), ("lt-dc", "127.0.0.3")
 TARGETS = REPO / "tests" / "targets"
 
 # Run inside the network namespace (the servers' addresses exist only there): wait for /health, or send
-# paced completions through the proxy for a while; prints "ok N failed M" after each.
+# paced completions through the proxy for a while ("load"; prints "ok N failed M" after each), or until the
+# first one goes through ("warm").
 IN_NETNS = """
 import sys, time, urllib.request
 sys.path.insert(0, sys.argv[1])
@@ -51,6 +52,15 @@ if what == "ready":
                 pass
         time.sleep(1.0)
     print("ready" if not pending else f"not ready: {sorted(pending)}", flush=True)
+elif what == "warm":
+    # Until the first completion (or the deadline): the first ones may fail or wait while the decode
+    # worker's NIXL handshake with the prefill worker times out and is made again.
+    url, deadline = sys.argv[3], time.monotonic() + float(sys.argv[4])
+    ok = failed = 0
+    while not ok and time.monotonic() < deadline:
+        o, f = vllm_servers.send_load(url, 1, timeout=90)
+        ok, failed = ok + o, failed + f
+    print(f"ok {ok} failed {failed}", flush=True)
 else:
     url, seconds, pause = sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
     ok = failed = 0
@@ -104,7 +114,7 @@ def pd_cluster(tmp_path_factory) -> Iterator:
         started.append(proxy)
         # Warm-up: the NIXL handshake between the nodes and a first transfer (the first request may fail
         # while the decode worker's handshake with the prefill worker times out; the next ones go through).
-        warm = _in_netns(cluster, "load", proxy.url, 60, 0, timeout=400)
+        warm = _in_netns(cluster, "warm", proxy.url, 300, timeout=500)
         assert warm.startswith("ok ") and not warm.startswith("ok 0"), warm
         cluster.proxy = proxy
         yield cluster
