@@ -202,3 +202,18 @@ def test_html_shows_leak_per_request_and_kv_token(tmp_path) -> None:
     row = page[page.index("<td>111</td>"):].split("</tr>")[0]
     assert "<td>decode</td>" in row and f">{ld['leak_bytes_per_request']:.0f}<" in row, row
     assert f">{ld['per_instance'][0]['leak_bytes_per_kv_token']:.1f}<" in row, row
+
+
+def test_role_from_counters_of_recorded_servers_and_a_decode_that_recomputed() -> None:
+    from leaktrace.vllm.discover import role_from_counters
+
+    data = Path(__file__).parent / "data"
+    pre = summarize(parse_metrics((data / "vllm_metrics_prefill.txt").read_text()))
+    dec = summarize(parse_metrics((data / "vllm_metrics_decode.txt").read_text()))
+    assert role_from_counters(pre)[0] == "prefill" and role_from_counters(dec)[0] == "decode"
+    # A decode whose KV transfers all failed recomputes the prompts itself (no KV received) but still answers
+    # with more than one token per request (seen in CI on the first cross-node requests).
+    recomputed = {"requests": 3.0, "prompt_tokens": 60.0, "generation_tokens": 24.0, "nixl_transfers": 0.0,
+                  "kv_external_prompt_tokens": 0.0}
+    assert role_from_counters(recomputed) == ("decode", "generates more than one token per request")
+    assert role_from_counters({"requests": 0.0})[0] is None

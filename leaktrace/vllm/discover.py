@@ -129,12 +129,22 @@ def _scrape_role(host: str | None, port: int, timeout: float = 1.0) -> tuple[str
         return None, f"{url} unreachable ({e.__class__.__name__})"
     from leaktrace.vllm.metrics import parse_metrics, summarize
 
-    s = summarize(parse_metrics(text))
+    role, why = role_from_counters(summarize(parse_metrics(text)))
+    return role, f"{url}: {why}"
+
+
+def role_from_counters(s: dict[str, float]) -> tuple[str | None, str]:
+    """A kv_both server's P/D role from its /metrics counters (summarize()): KV received from a remote
+    instance, or more than one token generated per request (a P/D proxy asks prefill for one token, and
+    a decode that recomputed its prompts after a failed transfer still answers in full), means decode."""
     if s.get("kv_external_prompt_tokens", 0) > 0 or s.get("nixl_transfers", 0) > 0:
-        return "decode", f"{url}: prompt tokens received by KV transfer"
+        return "decode", "prompt tokens received by KV transfer"
+    requests = s.get("requests", 0)
+    if requests > 0 and s.get("generation_tokens", 0) > requests:
+        return "decode", "generates more than one token per request"
     if s.get("prompt_tokens", 0) > 0:
-        return "prefill", f"{url}: computes prompts, receives no KV"
-    return None, f"{url}: no traffic yet"
+        return "prefill", "computes prompts, receives no KV, one token per request"
+    return None, "no traffic yet"
 
 
 def discover(pids: list[int] | None = None, with_metrics: bool = True, all_processes: bool = False,
