@@ -1,6 +1,8 @@
-"""What `leaktrace hunt --vllm` costs real serving: a real vLLM (CPU) P/D pair over NIXL with its proxy
-(tests/targets/vllm_servers.py), driven by a closed-loop client, in alternating phases without and with a
-hunt attached (`leaktrace hunt --vllm`, no other flags: eBPF, gdb sampler, watcher, pyheap, /metrics).
+"""What `leaktrace hunt --vllm` costs real serving: a real vLLM 0.32 (CPU) P/D pair over NIXL with its proxy
+(the vintage pair of tests/targets/vintage_pd.py, in its private network namespace, with the remedy on:
+UCX_RCACHE_MAX_UNRELEASED=1024, so the pair does not leak and only the hunt's cost is measured), driven by a
+closed-loop client, in alternating phases without and with a hunt attached (`leaktrace hunt --vllm`, no
+other flags: eBPF, gdb sampler, watcher, pyheap, /metrics).
 
 Each phase sends completions for --phase-s seconds through the proxy (--clients concurrent clients, each
 one request at a time, distinct prompts so nothing hits the prefix cache) and records every request's
@@ -9,6 +11,9 @@ the hunt is stopped with Ctrl-C after the phase (its report written outside the 
 cost measured is that of a hunt running, not of writing its report). Phases alternate (off, on, off, on…)
 so the machine's drift falls on both sides; reported per condition: requests/s, output tokens/s, p50 and
 p99 latency, and the ratios hunted/baseline (goal: latency ≤ 1.05×).
+
+The pair of tests/targets/vllm_servers.py (vLLM's default OpenMP thread binding, both servers on the same
+two cores) completed ~2 requests a minute at ~50 s each here: too few to measure anything.
 
     .venv/bin/python bench/bench_vllm_serving.py --rounds 2 --phase-s 60
 """
@@ -31,22 +36,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "targets"))
 
+import vintage_pd  # noqa: E402
 import vllm_servers  # noqa: E402
 
 
-def drive(url: str, seconds: float, clients: int, max_tokens: int) -> list[tuple[float, int]]:
-    """(latency s, output tokens) of every request completed within ``seconds``."""
+def drive(ns: vintage_pd.NetNs, url: str, seconds: float, clients: int, max_tokens: int) -> list[tuple[float, int]]:
+    """(latency s, output tokens) of every request completed within ``seconds`` (clients inside ``ns``)."""
     done: list[tuple[float, int]] = []
     lock = threading.Lock()
     t_end = time.monotonic() + seconds
 
     def client(k: int) -> None:
+        ns.join_thread()
         i = 0
         while time.monotonic() < t_end:
-            prompt = f"Client {k} request {i} at {time.time():.6f}: the quick brown fox jumps over {i * 7} dogs"
+            prompt = vintage_pd.prompt(k * 100000 + i)
             t0 = time.monotonic()
             try:
-                r = vllm_servers.complete(url, prompt, max_tokens, timeout=120)
+                r = vllm_servers.complete(url, prompt, max_tokens, timeout=120, model=vintage_pd.MODEL)
             except OSError:
                 continue
             finally:
@@ -63,8 +70,10 @@ def drive(url: str, seconds: float, clients: int, max_tokens: int) -> list[tuple
     return done
 
 
-def start_hunt(out: Path) -> subprocess.Popen:
-    argv = [str(REPO / ".venv" / "bin" / "leaktrace"), "hunt", "--vllm", "--duration", "3600", "--out", str(out)]
+def start_hunt(ns: vintage_pd.NetNs, out: Path) -> subprocess.Popen:
+    # In the pair's namespace: the hunt scrapes the servers' /metrics on 127.0.0.1 there.
+    argv = [*ns.enter(), str(REPO / ".venv" / "bin" / "leaktrace"), "hunt", "--vllm", "--duration", "3600",
+            "--out", str(out)]
     hunt = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(out.parent),
                             start_new_session=True)
     t0 = time.monotonic()
@@ -102,31 +111,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="pairs of (baseline, hunted) phases")
     ap.add_argument("--phase-s", type=float, default=60.0)
     ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    why = vllm_servers.available()
+    why = vintage_pd.available()
     if why:
         print(f"skipped: {why}")
         return
     if os.geteuid() != 0:
         print("skipped: a hunt with eBPF needs root")
         return
-    prefill, decode, proxy = vllm_servers.start_pd(8310, 8320, 8330)
+    pair = vintage_pd.start(vintage_pd.FIXED, prefill_port=8310, decode_port=8320, proxy_port=8330)
+    ns, url = pair.ns, pair.proxy.url
     phases: dict[str, list[tuple[float, int]]] = {"baseline": [], "hunted": []}
     seconds = {"baseline": 0.0, "hunted": 0.0}
     rounds = []
     try:
-        warm = drive(proxy.url, 60, args.clients, args.max_tokens)  # the NIXL handshake, first transfers
+        warm = drive(ns, url, 60, args.clients, args.max_tokens)  # the NIXL handshake, first transfers
         print(f"warm-up: {len(warm)} requests", flush=True)
         tmp = tempfile.mkdtemp(prefix="bench-serving-")  # removed after every hunt has stopped
         try:
             for r in range(args.rounds):
                 row = {}
                 for cond in ("baseline", "hunted"):
-                    hunt = start_hunt(Path(tmp) / f"h{r}") if cond == "hunted" else None
+                    hunt = start_hunt(ns, Path(tmp) / f"h{r}") if cond == "hunted" else None
                     try:
-                        got = drive(proxy.url, args.phase_s, args.clients, args.max_tokens)
+                        got = drive(ns, url, args.phase_s, args.clients, args.max_tokens)
                     finally:
                         stop_s = stop_hunt(hunt) if hunt else 0.0
                     phases[cond] += got
@@ -138,9 +148,7 @@ def main() -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        proxy.stop()
-        decode.stop()
-        prefill.stop()
+        pair.stop()
     total = {c: summarize(phases[c], seconds[c]) for c in phases}
     b, h = total["baseline"], total["hunted"]
     ratios = {}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, run_cli
 
 from leaktrace.session import SessionReader
 
@@ -205,3 +205,22 @@ def test_vintage_control_no_ucx_culprit(vintage_sessions) -> None:
     rep = run.report
     assert run.requests > 0, run
     assert not _ucx_culprits(rep, run), rep["culprits"]
+
+
+def test_vintage_compare_before_after_remedy(vintage_sessions, tmp_path) -> None:
+    """``leaktrace compare`` on the pair before and after the remedy (UCX_RCACHE_MAX_UNRELEASED=1024):
+    fixed, the UCX culprit gone; the other way round (the remedy undone): regressed, the UCX culprit new."""
+    leak, fixed = vintage_sessions["leak"].out, vintage_sessions["fixed"].out
+    for before, after, verdict, status in ((leak, fixed, "fixed", "gone"), (fixed, leak, "regressed", "new")):
+        out = tmp_path / verdict
+        r = run_cli("compare", before, after, "--out", out)
+        assert r.returncode == 0, r.stderr
+        cmp = json.loads((out / "compare.json").read_text())
+        ucx = [c for c in cmp["culprits"] if UCX_LIB.search(c["library"] or "")]
+        print(f"compare {before.name} -> {after.name}: {cmp['verdict']} ({cmp['verdict_reason']}), "
+              f"confidence {cmp['confidence']}, UCX rows {ucx}", file=sys.stderr)
+        assert cmp["verdict"] == verdict, cmp["verdict_reason"]
+        assert ucx and all(c["status"] == status for c in ucx), cmp["culprits"]
+        assert all(c["library"] == "libucm.so" or c["library"] == "libucs.so" for c in ucx), ucx
+        assert f"**{verdict}**" in (out / "compare.md").read_text()
+        assert f'class="verdict {verdict}"' in (out / "compare.html").read_text()

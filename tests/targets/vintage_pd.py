@@ -160,10 +160,15 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
         "UCX_RCACHE_MAX_UNRELEASED": max_unreleased,
         # A real deployment knob: a fixed threshold (also turns glibc's dynamic one off) makes every
         # per-step tensor above 4 KiB an mmap/munmap pair, as large models do in production.
-        "MALLOC_MMAP_THRESHOLD_": "4096",
+        "MALLOC_MMAP_THRESHOLD_": os.environ.get("VINTAGE_MMAP_THRESHOLD", "1024"),
         **({"MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0"} if os.environ.get("VINTAGE_TRIM") else {}),
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
     }
+
+
+def server_args(name: str) -> list[str]:
+    chunk = os.environ.get("VINTAGE_BATCHED_TOKENS", "32")
+    return ["--max-num-batched-tokens", chunk] if chunk and name.endswith("prefill") else []
 
 
 @dataclass
@@ -192,7 +197,7 @@ def start(max_unreleased: str = LEAK, ns: NetNs | None = None, prefill_port: int
                                        ("vintage-decode", decode_port, 5710, cores[1])):
             servers.append(vllm_servers.start_server(name, port, KV,
                                                      server_env(max_unreleased, side, core), prefix=pre,
-                                                     model=MODEL))
+                                                     model=MODEL, extra_args=server_args(name)))
         ns.call(vllm_servers.wait_ready, servers, timeout)
         proxy = vllm_servers.start_proxy(proxy_port, [prefill_port], [decode_port], prefix=pre)
     except BaseException:

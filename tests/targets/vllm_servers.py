@@ -96,7 +96,8 @@ def stop_group(popen: subprocess.Popen, timeout: float = 20.0) -> None:
 
 
 def start_server(name: str, port: int, kv: dict | None = None, env: dict[str, str] | None = None,
-                 host: str = "127.0.0.1", prefix: list[str] | None = None, model: Path = MODEL) -> Server:
+                 host: str = "127.0.0.1", prefix: list[str] | None = None, model: Path = MODEL,
+                 extra_args: list[str] | None = None) -> Server:
     """``host``: a loopback address (each node of the cluster tests has its own); ``prefix``: a command prefix
     that places the server on such a node (its network, PID and mount namespaces)."""
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -105,6 +106,7 @@ def start_server(name: str, port: int, kv: dict | None = None, env: dict[str, st
             "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8"]
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv)]
+    argv += extra_args or []
     full_env = base_env(env, host)
     with open(log, "w") as f:
         popen = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
