@@ -9,12 +9,12 @@ pair runs in a private network namespace (tests/targets/vintage_pd.py); ``leaktr
 the same namespace (it scrapes /metrics on 127.0.0.1) with no tuning flags. Both session directories are
 kept in ``vintage_sessions`` for ``leaktrace compare BEFORE AFTER``.
 
-Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py collects it only then): the module takes ~10 min on 2 cores, and on this machine the leak does not
-yet reach the hunt's naming threshold within a minute (measured 2026-12-01: the prefill worker munmaps
-~150-500/s under load, so UCX's queue grows by one 148 KiB chunk every ~4 s, 0.7-1.4 MB/min through the
-ledger, against the ledger's 1.0 MB/min threshold; the hunt's own ticks stall for up to 30 s there).
-``test_vintage_leak_named`` states the goal; ``test_vintage_ledger_sees_rcache_chunks`` checks the mechanism
-itself, which does show: the leak run's worker holds UCX's chunks at the end, the control's none.
+The module takes ~10 min on 2 cores (LEAKTRACE_VINTAGE=0 leaves it out of a local run). Measured
+2026-12-01 on a quiet machine: with chunked prefill (32 tokens a step) and MALLOC_MMAP_THRESHOLD_=1024 the
+prefill worker munmaps ~890/s under load, UCX's queue grows by one 148 KiB chunk every ~1.2 s; the hunt
+named libucm in the prefill worker at 4.34 MB/min against 4.29 MB/min from /proc, 14 s after attach.
+``test_vintage_ledger_sees_rcache_chunks`` checks the mechanism itself: the leak run's worker holds UCX's
+chunks at the end, the control's none.
 """
 
 from __future__ import annotations
