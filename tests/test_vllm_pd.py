@@ -111,7 +111,9 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
     worker_pids = [p["pid"] for p in worker["processes"] if p["label"] == "worker"]
     top = [c for c in rep["culprits"] if c["pid"] in worker_pids]
     assert top, rep["culprits"]
-    c = top[0]
+    # The stand-in's culprit, wherever it ranks: the worker's own warm-up can be named beside it (a
+    # python-heap culprit once ranked first in CI); without root the watcher names no library.
+    c = next((x for x in top if x.get("library") == "libinvq_leak.so"), top[0])
     assert c["instance"] == decode.pid and c["process_label"] == "worker"
     assert c.get("role") == "decode", c
     from leaktrace.report import html, markdown  # the hunt wrote JSON only (--format json)
