@@ -9,8 +9,8 @@ namespace's interfaces only. Nothing can leave the namespace: it has no route ou
 
 Set-up: tests/targets/setup_vllm_vintage.sh (nixl 0.9.0 in .cache/nixl-0.9.0, first on the servers'
 PYTHONPATH only; a stub libcuda.so.1 for the NIXL UCX plugin; a random-weight Llama of many thin layers).
-The workers munmap like production ones through two real deployment knobs: MALLOC_MMAP_THRESHOLD_=1024
-(every tensor above 1 KiB is its own mapping) and chunked prefill of 32 tokens a step on the prefill server
+The workers munmap like production ones through two real deployment knobs: MALLOC_MMAP_THRESHOLD_=4096
+(every tensor above 4 KiB is its own mapping) and chunked prefill of 32 tokens a step on the prefill server
 (``--max-num-batched-tokens 32``: a 120-word prompt, ~390 tokens, is ~12 steps, each with its per-layer tensors).
 
 Measured here (2 cores, quiet machine), 2 concurrent 120-word completions (8 tokens) through the proxy,
@@ -168,8 +168,9 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
         "UCX_MODULES": "^ib*,rdmacm",
         "UCX_RCACHE_MAX_UNRELEASED": max_unreleased,
         # A real deployment knob: a fixed threshold (also turns glibc's dynamic one off) makes every
-        # per-step tensor above 1 KiB an mmap/munmap pair, as large models do in production.
-        "MALLOC_MMAP_THRESHOLD_": os.environ.get("VINTAGE_MMAP_THRESHOLD", "1024"),
+        # per-step tensor above 4 KiB an mmap/munmap pair, as large models do in production (1 KiB: more
+        # munmaps, but every malloc'd tensor is then mapped through UCX's hook and blamed on libucm).
+        "MALLOC_MMAP_THRESHOLD_": os.environ.get("VINTAGE_MMAP_THRESHOLD", "4096"),
         **({"MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0"} if os.environ.get("VINTAGE_TRIM") else {}),
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
     }
