@@ -14,10 +14,11 @@ Measured 2026-12-01 with chunked prefill (32 tokens a step) and MALLOC_MMAP_THRE
 worker munmaps ~890/s under load, UCX's queue grows by one 148 KiB chunk every ~1.2 s; the hunt named
 libucm in the prefill worker at 4.34 MB/min against 4.29 MB/min from /proc, 14 s after attach, and 7.3
 against 7.7 in a clean-clone CI run. Why it is not in CI yet: in that CI run the control (=1024) was named
-too (libucm 7.9 MB/min, 5 chunks held): with the 1 KiB threshold every malloc'd tensor of the worker is
-mapped through UCX's bistro hook, whose raw syscall is in libucm, so the worker's own warm-up growth
-(5.0 MB/min from /proc there) was blamed on libucm. The threshold is back at 4096 (controls were clean
-there in every run) until the ledger blames a hooked mmap on the hook's caller.
+too (libucm 7.9 MB/min). Its worker held no more than 5 of UCX's chunks; what grew were 35 regions of
+256 KiB (Python's object arenas), 20 of 264 KiB and small malloc chunks: the worker's own Python and malloc
+growth (5.0 MB/min from /proc), whose mmap calls go through UCX's bistro hook and reach the kernel from
+libucm's raw syscall, so the ledger blames libucm. The fix belongs in the ledger: blame a hooked mmap on the
+hook's caller (scan the stack window past libucm as it is scanned past libc for malloc growth).
 ``test_vintage_ledger_sees_rcache_chunks`` checks the mechanism itself: the leak run's worker holds UCX's
 chunks at the end, the control's (almost) none.
 """
