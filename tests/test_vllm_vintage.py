@@ -169,11 +169,13 @@ def _ucm_chunks(run: VintageRun) -> dict[str, int]:
 def test_vintage_ledger_sees_rcache_chunks(vintage_sessions) -> None:
     """The mechanism, whatever the rate: with the queue unbounded a worker ends the hunt holding many of
     UCX's 148 KiB chunks mapped during it (one per ~1,000 munmaps); with UCX_RCACHE_MAX_UNRELEASED=1024
-    the queue is drained and its chunks are reused: none."""
+    the queue is drained and its chunks are reused: a few at most."""
     leak, fixed = _ucm_chunks(vintage_sessions["leak"]), _ucm_chunks(vintage_sessions["fixed"])
     print(f"148 KiB libucm chunks held at the end: leak {leak}, fixed {fixed}", file=sys.stderr)
+    # With 1024 the queue is drained when NIXL next uses the rcache: at ~800 munmaps/s a backlog of a few
+    # chunks can be held at any moment (0-5 seen), against ~70 held with the queue unbounded.
     assert max(leak.values()) >= 8, (leak, fixed)
-    assert max(fixed.values()) <= 1, (leak, fixed)
+    assert max(fixed.values()) <= 5 and max(leak.values()) >= 5 * max(1, *fixed.values()), (leak, fixed)
 
 
 def _ucx_culprits(rep: dict, run: VintageRun) -> list[dict]:
