@@ -176,11 +176,11 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
     }
 
 
-def server_args(name: str) -> list[str]:
+def prefill_args() -> list[str]:
     """Chunked prefill of 32 tokens a step on the prefill server (a real knob, VINTAGE_BATCHED_TOKENS): each
     prompt becomes ~12 model steps, each munmapping its per-layer tensors (~3x the munmaps of one step)."""
     chunk = os.environ.get("VINTAGE_BATCHED_TOKENS", "32")
-    return ["--max-num-batched-tokens", chunk] if chunk and name.endswith("prefill") else []
+    return ["--max-num-batched-tokens", chunk] if chunk else []
 
 
 @dataclass
@@ -205,11 +205,11 @@ def start(max_unreleased: str = LEAK, ns: NetNs | None = None, prefill_port: int
     try:
         pre = ns.enter()
         cores = (0, 1) if (os.cpu_count() or 1) >= 2 else (0, 0)
-        for name, port, side, core in (("vintage-prefill", prefill_port, 5610, cores[0]),
-                                       ("vintage-decode", decode_port, 5710, cores[1])):
+        for name, port, side, core, args in (("vintage-prefill", prefill_port, 5610, cores[0], prefill_args()),
+                                             ("vintage-decode", decode_port, 5710, cores[1], [])):
             servers.append(vllm_servers.start_server(name, port, KV,
                                                      server_env(max_unreleased, side, core), prefix=pre,
-                                                     model=MODEL, extra_args=server_args(name)))
+                                                     model=MODEL, extra_args=args))
         ns.call(vllm_servers.wait_ready, servers, timeout)
         proxy = vllm_servers.start_proxy(proxy_port, [prefill_port], [decode_port], prefix=pre)
     except BaseException:
