@@ -20,6 +20,7 @@ SAMPLER_SCRIPT = SCRIPTS_DIR / "sampler.py"
 SEED002_SCRIPT = SCRIPTS_DIR / "seed002_syscall_mmap.gdb"
 
 CAP_SYS_PTRACE = 19
+GDB_VERSION_TIMEOUT_S = 45  # `gdb --version` with its Python: well under 1 s idle, 20+ s seen under load
 
 
 def find_gdb() -> str | None:
@@ -63,7 +64,7 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
         try:
             out = subprocess.run([gdb, "-nx", "-batch", "-ex", "show version", "-ex",
                                   "python import sys; print('python', sys.version.split()[0])"],
-                                 capture_output=True, text=True, timeout=20, env=gdb_environment())
+                                 capture_output=True, text=True, timeout=GDB_VERSION_TIMEOUT_S, env=gdb_environment())
             first = out.stdout.splitlines()[0] if out.stdout else out.stderr.strip()[:120]
             m = re.search(r"(\d+)\.(\d+)", first)
             major = int(m.group(1)) if m else 0
@@ -74,7 +75,13 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
             checks.append({"name": "gdb python", "ok": py is not None,
                            "detail": f"gdb's Python {py.group(1)}" if py else "gdb was built without Python",
                            "fix": "" if py else "install a gdb built with Python (Debian's gdb package is)"})
-        except (OSError, subprocess.TimeoutExpired) as e:
+        except subprocess.TimeoutExpired:
+            # Slow, not broken: gdb loading its Python took over 20 s once beside a vLLM pair on 2 busy cores.
+            # The sampler has its own time budget; a hunt is not refused for a loaded machine.
+            checks.append({"name": "gdb version", "ok": True,
+                           "detail": f"gdb did not answer within {GDB_VERSION_TIMEOUT_S} s (a loaded machine?): "
+                                     "version not checked", "fix": ""})
+        except OSError as e:
             checks.append({"name": "gdb version", "ok": False, "detail": f"gdb did not run: {e}",
                            "fix": "reinstall gdb"})
     checks.append(resources.GDB_SCRIPTS.doctor_check("gdb sampler script", SAMPLER_SCRIPT))
