@@ -335,8 +335,12 @@ class Symbolizer:
 
     def library_of(self, pid: int, site: int, ip: int) -> str:
         """The library blamed for a syscall: the caller (return address) when it points at code,
-        else where the syscall instruction itself is."""
+        else where the syscall instruction itself is. The name only (as :meth:`frame` gives it), without
+        reading the library's symbols: that took tens of seconds for libtorch_cpu.so in a tick."""
         for addr in (site, ip):
-            if addr and self.is_code(pid, addr):
-                return self.frame(pid, addr).library
+            m = self.mapping(pid, addr) if addr else None
+            if m is not None and "x" in m.perms:
+                if not m.path or m.path.startswith("["):
+                    return m.path or "[anon]"
+                return os.path.basename(m.path.removesuffix(" (deleted)"))
         return "?"
