@@ -102,6 +102,21 @@ def test_rule_ucx_by_stack_only(rules, tmp_path):
     assert explain(c, rules, reader)["rule"] == "ucx-rcache"
 
 
+def test_rule_stack_is_matched_from_the_calling_library_outward(rules, tmp_path):
+    """A hooked process's malloc growth passes through UCX's hook between the caller and the syscall: those
+    inner frames are machinery, not the culprit (a vLLM worker's own growth once got UCX's remedy)."""
+    reader = _session_with_ucx_state(tmp_path)
+    inner = ["libc.so.6!syscall+0x19", "libucm-39cc26dc.so.0.0.0!ucm_orig_mmap_syscall+0x22",
+             "libucm-39cc26dc.so.0.0.0!ucm_mmap+0x2e", "libc.so.6!sysmalloc+0x5c1", "libc.so.6!malloc+0x1a4"]
+    c = Candidate(kind="malloc-heap", pid=7, mb_per_min=5.0, source="ledger", library="_C.abi3.so",
+                  stack=[*inner, "_C.abi3.so!_ZN5vllm4attnEv+0x88", "libtorch_cpu.so!at::empty+0x40"])
+    assert explain(c, rules, reader)["rule"] != "ucx-rcache"
+    c.stack.append("libucm-39cc26dc.so.0.0.0!ucm_override_sbrk+0x9")  # the hook again, further out: still not
+    assert explain(c, rules, reader)["rule"] != "ucx-rcache"
+    c.stack.append("libucs-432059c7.so.0.0.0!ucs_rcache_create+0x10")  # UCX itself further out: UCX's business
+    assert explain(c, rules, reader)["rule"] == "ucx-rcache"
+
+
 @pytest.mark.parametrize("cand,rule,kind", [
     (dict(kind="native-mmap", library="libcudart.so.12", stack=[]), "cuda-host-alloc", "native-mmap"),
     (dict(kind="malloc-heap", library=None, stack=["libc10_cuda.so!CachingHostAllocator::allocate"]),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.candidates import Candidate
+from leaktrace.memclass import MEMORY_HOOK_LIBRARY
 
 try:
     import tomllib
@@ -55,11 +56,30 @@ class Rule:
             return True
         if "library" in self._res and c.library and self._res["library"].search(c.library):
             return True
-        if "stack" in self._res and any(self._res["stack"].search(f) for f in c.stack):
+        if "stack" in self._res and any(self._res["stack"].search(f) for f in outer_frames(c)):
             return True
         if "path" in self._res and any(self._res["path"].search(p) for p in c.paths):
             return True
         return False
+
+
+def _frame_library(frame: str) -> str:
+    return frame.split("!", 1)[0].split("+0x", 1)[0]
+
+
+def outer_frames(c: Candidate) -> list[str]:
+    """The frames a rule's ``stack`` is matched against: from the calling library's first frame outward (the
+    whole stack when it has no frame of its own), without a memory hook's frames (UCX's libucm). The frames
+    inside the caller are the machinery between it and the syscall (libc's malloc, the hook), and a hook
+    is on the path of every mmap, sbrk and munmap of a hooked process: neither says who keeps the memory
+    (UCX's own mappings are blamed on libucm itself, which a rule's ``library`` matches)."""
+    frames = c.stack
+    if c.library:
+        for i, f in enumerate(frames):
+            if _frame_library(f) == c.library:
+                frames = frames[i:]
+                break
+    return [f for f in frames if not MEMORY_HOOK_LIBRARY.match(_frame_library(f))]
 
 
 def load_rules(path: Path | None = None) -> list[Rule]:
