@@ -70,10 +70,9 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         # unless the user asked for it explicitly (options.bpf_required).
         self.required = bool(options is not None and options.bpf_required)
         self.poll_interval = poll_interval
-        # 8 MiB of ring: ~7 s of a hooked vLLM worker's events (~1.2 MB/s of stack windows at ~900 mmaps/s).
-        # 32 MiB was tried for the 18 s stalls of user space seen on 2 busy cores, but everything a ring holds
-        # at stop is applied before the last snapshot: a brk stream's stop then took 10 s (test_bpf_stream).
-        self.defines = {"LT_RING_PAGES": 2048, **(defines or {})}
+        # 32 MiB of ring: ~25 s of a hooked vLLM worker's events (~1.2 MB/s of stack windows at ~900 mmaps/s)
+        # while user space is held up (18 s seen on 2 busy cores); a lost munmap is a region counted forever.
+        self.defines = {"LT_RING_PAGES": 8192, **(defines or {})}
         self.ledger = OutstandingLedger()
         self.symbols = Symbolizer()
         self.scanner = StackScanner(self.symbols)
