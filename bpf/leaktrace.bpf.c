@@ -17,10 +17,6 @@
  * threshold, new arena heaps, thread stacks) take the slow path with a window too, and so do mremaps made
  * through libc that the kernel cannot settle (glibc's variadic mremap wrapper hides its caller).
  * These come once per growth of the heap (~128 KiB), not once per malloc.
- * Anonymous mmaps called from a memory-hook library (UCX's libucm, its code range per process in `hooks`) take
- * the same path: with UCX's bistro hooks every mmap of the process (malloc's, Python's arenas, torch's) reaches
- * the kernel from libucm's raw syscall(), so the site alone would blame UCX for all of them; the window names
- * the hook's caller (user space keeps UCX's own mappings, the rcache's chunks, on libucm).
  *
  * Attribution: the word at the user stack pointer at syscall entry is the return address into
  * the caller of glibc's syscall()/mmap() wrappers (they set up no frame), which names the
@@ -43,7 +39,7 @@
  * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
- * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_HOOK_WINDOW_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
  * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim), LT_SYSV_TRACEPOINTS
  * (defined when it has the shmat/shmdt syscall tracepoints).
  *
@@ -68,9 +64,6 @@
 #endif
 #ifndef LT_WINDOW_EVERY_NS
 #define LT_WINDOW_EVERY_NS 1000000  /* contiguous mprotect commits of a thread: one stack window per ms */
-#endif
-#ifndef LT_HOOK_WINDOW_EVERY_NS
-#define LT_HOOK_WINDOW_EVERY_NS 5000000  /* hooked mmaps of a thread: one full stack window per 5 ms */
 #endif
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
@@ -108,14 +101,12 @@ BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 BPF_TASK_STORAGE(pending, struct lt_pending);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
-BPF_HASH(hooks, u32, struct lt_range, 65536);    /* tgid (user-space numbering) -> libucm's code, when mapped */
 /* A thread's last mprotect commit: where it ended, and when the last one with a stack window was sent. */
 struct lt_commit {
     u64 window_seq;
     u64 end;
 };
 BPF_TABLE("lru_hash", u32, struct lt_commit, last_commit, 65536);  /* host tid -> its last commit */
-BPF_TABLE("lru_hash", u32, u64, last_hook_window, 65536);  /* host tid -> when its last hooked mmap had a full window */
 BPF_STACK_TRACE(stacks, LT_MAX_STACKS);
 BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
 /* host pid (the thread the OOM killer marked) -> bpf_ktime_get_ns() of the mark; any process's, bounded */
@@ -218,45 +209,10 @@ static __always_inline void emit_window(struct lt_event *ev)
         *sent += 1;
 }
 
-/* A hooked mmap within LT_HOOK_WINDOW_EVERY_NS of its thread's last full window: the innermost words only
- * (struct lt_window_tiny_event). */
-static __always_inline void emit_window_tiny(struct lt_event *ev)
-{
-    struct lt_window_tiny_event *w = events.ringbuf_reserve(sizeof(struct lt_window_tiny_event));
-    if (!w) {
-        count(LT_CNT_LOST);
-        return;
-    }
-    __builtin_memcpy(&w->ev, ev, sizeof(*ev));
-    struct task_struct *task = bpf_get_current_task_btf();
-    char *regs = (char *)bpf_task_pt_regs(task);
-    u64 sp = 0;
-    bpf_probe_read_kernel(&sp, sizeof(sp), regs + LT_REGS_SP_OFF);
-    w->sp = sp;
-    w->len = 0;
-    if (sp && bpf_probe_read_user(w->data, LT_SCAN_TINY, (void *)sp) == 0)
-        w->len = LT_SCAN_TINY;
-    u32 idx = LT_CNT_SLOW;
-    u64 *sent = counters.lookup(&idx);
-    u64 flags = BPF_RB_NO_WAKEUP;
-    if (sent && (*sent % LT_WAKE_EVERY) == LT_WAKE_EVERY - 1)
-        flags = BPF_RB_FORCE_WAKEUP;
-    events.ringbuf_submit(w, flags);
-    if (sent)
-        *sent += 1;
-}
-
 /* Is a return address inside the process's libc code (the `runtime` map user space fills)? */
 static __always_inline int called_from_libc(u32 tgid, u64 site)
 {
     struct lt_range *r = runtime.lookup(&tgid);
-    return r && site >= r->start && site < r->end;
-}
-
-/* Is a return address inside the process's memory-hook library (the `hooks` map user space fills)? */
-static __always_inline int called_from_hook(u32 tgid, u64 site)
-{
-    struct lt_range *r = hooks.lookup(&tgid);
     return r && site >= r->start && site < r->end;
 }
 
@@ -372,9 +328,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     u64 len = page_up(p->len);
     u64 now = bpf_ktime_get_ns();
     int anon = (p->flags & LT_MAP_ANONYMOUS) != 0;
-    int hooked = anon && called_from_hook(tgid, p->site);
-    int windowed = anon && (hooked || called_from_libc(tgid, p->site));
-    if (!(p->flags & LT_MAP_FIXED) && !windowed) {
+    int from_libc = anon && called_from_libc(tgid, p->site);
+    if (!(p->flags & LT_MAP_FIXED) && !from_libc) {
         /* A plain mmap always returns a range that was free: the kernel can own it outright. */
         struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = (u64)ret};
         struct lt_region r = {};
@@ -419,21 +374,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     ev.stack_id = p->stack_id;
     ev.result = ret;
     pending_done(p);
-    if (hooked) {
-        /* through a memory hook: one full window per thread per LT_HOOK_WINDOW_EVERY_NS, else the innermost words */
-        u32 host_tid = (u32)bpf_get_current_pid_tgid();
-        u64 *last = last_hook_window.lookup(&host_tid);
-        if (!last || now - *last >= LT_HOOK_WINDOW_EVERY_NS) {
-            last_hook_window.update(&host_tid, &now);
-            emit_window(&ev);
-        } else {
-            emit_window_tiny(&ev);
-        }
-    } else if (windowed) {
+    if (from_libc)
         emit_window(&ev);  /* malloc's own mmap: who called malloc is in the raw stack */
-    } else {
+    else
         emit(&ev);
-    }
     return 0;
 }
 

@@ -119,23 +119,9 @@ struct lt_window_event {
     __u8 data[LT_SCAN_BYTES];
 };
 
-/* A hooked mmap (its site in a memory-hook library) within LT_HOOK_WINDOW_EVERY_NS of its thread's last full
- * window carries only the innermost 256 bytes of the stack: enough for user space to read the hook trampoline's
- * own caller and a few frames above it (UCX's registration cache asking for its chunks, or the hook's dispatch of someone else's mmap,
- * which then takes the attribution of the thread's last full window). Bounds the ring traffic of processes
- * whose every malloc mmap goes through UCX's hook (hundreds a second). */
-#define LT_SCAN_TINY 256
-struct lt_window_tiny_event {
-    struct lt_event ev;
-    __u64 sp;
-    __u64 len;
-    __u8 data[LT_SCAN_TINY];
-};
-
 /* The C runtime's code (libc's executable mapping) in one process, set by user space: anonymous mmaps
  * called from there (malloc's big chunks and new arena heaps, thread stacks) leave the fast path and carry
- * a stack window, so they are blamed on the library that called malloc, not on libc. The same for a
- * memory-hook library's code (UCX's libucm, in `hooks`): the window names the hook's caller. */
+ * a stack window, so they are blamed on the library that called malloc, not on libc. */
 struct lt_range {
     __u64 start;
     __u64 end;

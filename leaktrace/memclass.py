@@ -14,11 +14,6 @@ _DRIVER_PREFIXES = ("/dev/nvidia", "/dev/infiniband", "/dev/dri", "/dev/kfd", "/
 _SPECIAL = {"[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]", "[uprobes]"}
 # The C runtime and the dynamic loader: never "the library that allocated" (malloc, mmap, brk wrappers).
 LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
-# Libraries that replace mmap & co. in the whole process (UCX's memory hooks, libucm, hashed in wheels): every
-# hooked call reaches the kernel from there, so the library to blame is the hook's caller — unless that is
-# UCX itself (UCX_LIBRARY), which maps its own memory (the registration cache's chunks) through libucm.
-MEMORY_HOOK_LIBRARY = re.compile(r"^libucm(-[0-9a-f]{8})?\.so")
-UCX_LIBRARY = re.compile(r"^libuc[mpst](-[0-9a-f]{8})?\.so|^libuc[mpst]_\w+(-[0-9a-f]{8})?\.so")
 _ARENA_ALIGN = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit: arenas are 64 MiB-aligned reservations
 
 

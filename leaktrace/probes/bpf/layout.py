@@ -16,7 +16,6 @@ MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status
 ANON_FD = 0xFFFFFFFF
 SCAN_BYTES = 4096  # LT_SCAN_BYTES
-SCAN_TINY = 256  # LT_SCAN_TINY
 
 
 class RegionKey(ct.Structure):
@@ -51,14 +50,3 @@ class WindowEvent(Event):
     @property
     def window(self) -> bytes:
         return bytes(self.data)[:min(self.win_len, SCAN_BYTES)]
-
-
-class TinyWindowEvent(Event):
-    """struct lt_window_tiny_event: a hooked mmap with only the innermost words of its stack (rate-limited
-    full windows, bpf/leaktrace.h)."""
-
-    _fields_ = [("sp", ct.c_uint64), ("win_len", ct.c_uint64), ("data", ct.c_uint8 * SCAN_TINY)]
-
-    @property
-    def window(self) -> bytes:
-        return bytes(self.data)[:min(self.win_len, SCAN_TINY)]

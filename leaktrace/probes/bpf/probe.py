@@ -42,7 +42,6 @@ from leaktrace.probes.bpf.layout import (
     MREMAP_DONTUNMAP,
     Event,
     Range,
-    TinyWindowEvent,
     WindowEvent,
 )
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
@@ -70,9 +69,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         # unless the user asked for it explicitly (options.bpf_required).
         self.required = bool(options is not None and options.bpf_required)
         self.poll_interval = poll_interval
-        # 32 MiB of ring: ~25 s of a hooked vLLM worker's events (~1.2 MB/s of stack windows at ~900 mmaps/s)
-        # while user space is held up (18 s seen on 2 busy cores); a lost munmap is a region counted forever.
-        self.defines = {"LT_RING_PAGES": 8192, **(defines or {})}
+        self.defines = {"LT_RING_PAGES": 2048, **(defines or {})}
         self.ledger = OutstandingLedger()
         self.symbols = Symbolizer()
         self.scanner = StackScanner(self.symbols)
@@ -88,8 +85,6 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         self._queue: list[Event] = []
         self._applied = 0  # events taken from the ring and applied (all batches)
         self._maps_due: set[int] = set()  # processes that loaded a library in the batch being applied
-        self._hook_code: dict[int, tuple[int, int]] = {}  # pid -> the hook library's code range the kernel holds
-        self._hook_callers = {}
         self._known: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -198,7 +193,6 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         if libc is not None and self.prog is not None:
             # anonymous mmaps called from there take the slow path with a stack window (bpf/leaktrace.bpf.c)
             self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*libc)
-        self._set_hook_code(pid, maps)
 
     def _poll_loop(self) -> None:
         full = False
@@ -262,8 +256,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
 
     # ------------------------------------------------------------------ events
     def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
-        kind = (WindowEvent if size >= ct.sizeof(WindowEvent) else
-                TinyWindowEvent if size >= ct.sizeof(TinyWindowEvent) else Event)
+        kind = WindowEvent if size >= ct.sizeof(WindowEvent) else Event
         self._queue.append(kind.from_buffer_copy(ct.string_at(data, ct.sizeof(kind))))
         # A negative answer ends libbpf's ring_buffer__consume() after this record (already consumed):
         # without it, one consume lasts as long as the target keeps the ring fed — tens of seconds under
@@ -348,7 +341,6 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
             self.shm_sizer.forget(pid)
             self.symbols.forget(pid)
             self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
-            self._forget_code_ranges(pid)  # the new image may map neither where the old one did
             self._seed(pid)
         elif e.type == EV_EXIT:
             code = None if e.flags & EXIT_NO_CODE else int(e.result)
@@ -357,7 +349,10 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
             self.ledger.exit(pid, e.seq)
             self.shm_sizer.forget(pid)
             self._known.discard(pid)
-            self._forget_code_ranges(pid)
+            try:
+                del self.prog[b"runtime"][ct.c_uint32(pid)]
+            except (KeyError, TypeError):
+                pass
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
 
@@ -389,4 +384,3 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         if maps is not None:
             self.symbols.set_maps(pid, maps)
             self._maps_refreshed[pid] = time.monotonic()
-            self._set_hook_code(pid, maps)

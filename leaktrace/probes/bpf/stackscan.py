@@ -6,8 +6,7 @@ bytes above the user stack pointer at the syscall. Every 8-byte word there that 
 code right after a call instruction (``e8 rel32``, or one of the ``ff /2`` indirect forms) is taken as a
 return address, innermost first. The first one outside the C runtime (libc, ld.so: malloc's internals
 and the syscall wrappers) is the code that called malloc — even when that library is stripped and built
-with ``-fomit-frame-pointer``. A memory-hook library (UCX's libucm: it replaces mmap & co. and calls the
-kernel itself) is passed through like the C runtime: the code that called the hooked mmap is the caller.
+with ``-fomit-frame-pointer``.
 
 A stale word (a return address left by an earlier, deeper call) can pass the test; the innermost frames
 of a growth are glibc's, which keep no foreign code addresses, so in practice the first foreign one is
@@ -21,7 +20,7 @@ import os
 
 import numpy as np
 
-from leaktrace.memclass import LIBC_LIBRARY, MEMORY_HOOK_LIBRARY, UCX_LIBRARY
+from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 
 # libc entry points that allocate from malloc's heaps: a growth whose libc frames pass through one is malloc's
@@ -106,8 +105,7 @@ class StackScanner:
         # (pid, caller found) -> the return addresses of the first window that named it (the stack shown)
         self.chains: dict[tuple[int, int], list[int]] = {}
         self._ranges: dict[int, tuple[list[MapEntry], np.ndarray, np.ndarray]] = {}
-        self._runtime: dict[str, bool] = {}  # mapped file -> is libc / ld.so / a memory-hook library
-        self._library_is: dict[tuple[str, str], bool] = {}  # (mapped file, "hook" | "ucx") -> answer
+        self._runtime: dict[str, bool] = {}  # mapped file -> is libc / ld.so
         self._addr_cache: dict[int, tuple[list[MapEntry], dict[int, tuple[bool, bool | None]]]] = {}
         self._malloc_addr: dict[tuple[int, int], bool] = {}  # (pid, libc return address) -> in malloc & co.
         self._frames: dict[tuple[str, int], int | None] = {}  # (file, -offset of a syscall's ip) -> frame size
@@ -191,7 +189,7 @@ class StackScanner:
         return hit[1], hit[2]
 
     def in_runtime(self, pid: int, addr: int) -> bool | None:
-        """Is ``addr`` in libc, ld.so or a memory-hook library? None when it is in no named file."""
+        """Is ``addr`` in libc or ld.so? None when it is in no named file."""
         return self._info(pid, addr)[1]
 
     def _runtime_of(self, pid: int, addr: int) -> bool | None:
@@ -200,28 +198,8 @@ class StackScanner:
             return None
         hit = self._runtime.get(m.path)
         if hit is None:
-            name = os.path.basename(m.path.removesuffix(" (deleted)"))
-            hit = self._runtime[m.path] = bool(LIBC_LIBRARY.match(name) or MEMORY_HOOK_LIBRARY.match(name))
+            hit = self._runtime[m.path] = bool(LIBC_LIBRARY.match(os.path.basename(m.path.removesuffix(" (deleted)"))))
         return hit
-
-    def _library_matches(self, pid: int, addr: int, what: str) -> bool:
-        m = self.symbols.mapping(pid, addr)
-        if m is None or not m.path or m.path.startswith("["):
-            return False
-        key = (m.path, what)
-        hit = self._library_is.get(key)
-        if hit is None:
-            name = os.path.basename(m.path.removesuffix(" (deleted)"))
-            hit = self._library_is[key] = bool((MEMORY_HOOK_LIBRARY if what == "hook" else UCX_LIBRARY).match(name))
-        return hit
-
-    def in_hook(self, pid: int, addr: int) -> bool:
-        """Is ``addr`` in a memory-hook library (UCX's libucm)?"""
-        return self._library_matches(pid, addr, "hook")
-
-    def in_ucx(self, pid: int, addr: int) -> bool:
-        """Is ``addr`` in one of UCX's libraries (libucs, libuct, libucp, libucm and their modules)?"""
-        return self._library_matches(pid, addr, "ucx")
 
     def return_addresses(self, pid: int, window: bytes, to_caller: bool = False) -> list[int]:
         """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first; with
@@ -243,7 +221,7 @@ class StackScanner:
         return out
 
     def caller(self, pid: int, addrs: list[int]) -> int | None:
-        """The first return address outside the C runtime, the dynamic loader and memory hooks."""
+        """The first return address outside the C runtime and the dynamic loader."""
         for a in addrs:
             if self.in_runtime(pid, a) is False:
                 return a
@@ -271,13 +249,5 @@ def libc_code(maps: list[MapEntry]) -> tuple[int, int] | None:
     for m in maps:
         name = os.path.basename(m.path)
         if "x" in m.perms and name.startswith("libc") and LIBC_LIBRARY.match(name):
-            return m.start, m.end
-    return None
-
-
-def hook_code(maps: list[MapEntry]) -> tuple[int, int] | None:
-    """A memory-hook library's executable mapping (start, end) in a maps listing (UCX's libucm), if mapped."""
-    for m in maps:
-        if "x" in m.perms and MEMORY_HOOK_LIBRARY.match(os.path.basename(m.path)):
             return m.start, m.end
     return None
