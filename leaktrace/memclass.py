@@ -14,6 +14,9 @@ _DRIVER_PREFIXES = ("/dev/nvidia", "/dev/infiniband", "/dev/dri", "/dev/kfd", "/
 _SPECIAL = {"[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]", "[uprobes]"}
 # The C runtime and the dynamic loader: never "the library that allocated" (malloc, mmap, brk wrappers).
 LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
+# A library that replaces mmap & co. in the whole process (UCX's memory hooks, libucm, hashed in wheels): on the
+# path of every mmap, sbrk and munmap of a hooked process, so its frames say nothing about who keeps memory.
+MEMORY_HOOK_LIBRARY = re.compile(r"^libucm(-[0-9a-f]{8})?\.so")
 _ARENA_ALIGN = 64 << 20  # glibc HEAP_MAX_SIZE on 64-bit: arenas are 64 MiB-aligned reservations
 
 
