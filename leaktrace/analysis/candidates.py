@@ -76,6 +76,11 @@ def summarize_paths(paths: list[str], sizes: list[int] | None = None, n: int = 4
     return ", ".join(f"{len(v)} × {k}" + (f" ({sum(v) / MB:.1f} MB)" if sizes else "") for k, v in items)
 
 
+def frame_library(frame: str) -> str:
+    """The library part of a frame as the ledger writes it (``lib!symbol+0x..`` or ``lib+0x..``)."""
+    return frame.split("!", 1)[0].split("+0x", 1)[0]
+
+
 def allocating_library(stack: list[str]) -> str | None:
     """The first library in the stack (innermost first) that is not libc / the dynamic loader."""
     for frame in stack:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leaktrace.analysis.candidates import Candidate
+from leaktrace.analysis.candidates import Candidate, frame_library
 from leaktrace.memclass import MEMORY_HOOK_LIBRARY
 
 try:
@@ -63,10 +63,6 @@ class Rule:
         return False
 
 
-def _frame_library(frame: str) -> str:
-    return frame.split("!", 1)[0].split("+0x", 1)[0]
-
-
 def outer_frames(c: Candidate) -> list[str]:
     """The frames a rule's ``stack`` is matched against: from the calling library's first frame outward (the
     whole stack when it has no frame of its own), without a memory hook's frames (UCX's libucm). The frames
@@ -76,10 +72,10 @@ def outer_frames(c: Candidate) -> list[str]:
     frames = c.stack
     if c.library:
         for i, f in enumerate(frames):
-            if _frame_library(f) == c.library:
+            if frame_library(f) == c.library:
                 frames = frames[i:]
                 break
-    return [f for f in frames if not MEMORY_HOOK_LIBRARY.match(_frame_library(f))]
+    return [f for f in frames if not MEMORY_HOOK_LIBRARY.match(frame_library(f))]
 
 
 def load_rules(path: Path | None = None) -> list[Rule]:

@@ -262,6 +262,13 @@ class Frame:
         return f"{self.library}+{self.offset:#x}"
 
 
+def _library_name(m: MapEntry) -> str:
+    """A mapping's library as frames name it: the file name as mapped, or the pseudo-path / "[anon]"."""
+    if not m.path or m.path.startswith("["):
+        return m.path or "[anon]"
+    return os.path.basename(m.path.removesuffix(" (deleted)"))
+
+
 class Symbolizer:
     """Addresses → frames, per process, from kept copies of /proc/PID/maps."""
 
@@ -317,10 +324,10 @@ class Symbolizer:
         m = self.mapping(pid, addr)
         if m is None:
             return Frame(addr, "?", "", addr)
+        lib = _library_name(m)
         if not m.path or m.path.startswith("["):
-            return Frame(addr, m.path or "[anon]", "", addr - m.start)
+            return Frame(addr, lib, "", addr - m.start)
         file_off = addr - m.start + m.offset
-        lib = os.path.basename(m.path.removesuffix(" (deleted)"))
         elf = self._elf.get(m.path)
         if elf is None:
             elf = self._elf[m.path] = read_elf_symbols(m.path)
@@ -340,7 +347,5 @@ class Symbolizer:
         for addr in (site, ip):
             m = self.mapping(pid, addr) if addr else None
             if m is not None and "x" in m.perms:
-                if not m.path or m.path.startswith("["):
-                    return m.path or "[anon]"
-                return os.path.basename(m.path.removesuffix(" (deleted)"))
+                return _library_name(m)
         return "?"
