@@ -17,6 +17,10 @@
  * threshold, new arena heaps, thread stacks) take the slow path with a window too, and so do mremaps made
  * through libc that the kernel cannot settle (glibc's variadic mremap wrapper hides its caller).
  * These come once per growth of the heap (~128 KiB), not once per malloc.
+ * Memory hooks (UCX's libucm, `hooks`, struct lt_hook): an anonymous mmap called from the hook's code is blamed
+ * on the code that called the hooked function, read at the stack offset user space learned for that path through
+ * the hook (`hook_sites`, `hook_paths`); the region stays on the fast path (a process whose every mmap is hooked
+ * sends no more than one whose mmaps are not).
  *
  * Attribution: the word at the user stack pointer at syscall entry is the return address into
  * the caller of glibc's syscall()/mmap() wrappers (they set up no frame), which names the
@@ -39,7 +43,7 @@
  * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
- * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_HOOK_LEARN_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
  * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim), LT_SYSV_TRACEPOINTS
  * (defined when it has the shmat/shmdt syscall tracepoints).
  *
@@ -64,6 +68,9 @@
 #endif
 #ifndef LT_WINDOW_EVERY_NS
 #define LT_WINDOW_EVERY_NS 1000000  /* contiguous mprotect commits of a thread: one stack window per ms */
+#endif
+#ifndef LT_HOOK_LEARN_EVERY_NS
+#define LT_HOOK_LEARN_EVERY_NS 10000000  /* hooked mmaps on paths not learned yet: one window per 10 ms per process */
 #endif
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
@@ -101,6 +108,10 @@ BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 BPF_TASK_STORAGE(pending, struct lt_pending);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
+BPF_HASH(hooks, u32, struct lt_hook, 65536);      /* tgid (user-space numbering) -> its memory hook, once mapped */
+BPF_HASH(hook_sites, struct lt_hook_key, u64, 16384);                 /* learned: see struct lt_hook_key */
+BPF_HASH(hook_paths, struct lt_hook_key, struct lt_hook_path, 16384);
+BPF_HASH(hook_own, struct lt_hook_key, u8, 16384);  /* {tgid, UCX's caller of the trampoline}: its window was sent */
 /* A thread's last mprotect commit: where it ended, and when the last one with a stack window was sent. */
 struct lt_commit {
     u64 window_seq;
@@ -216,6 +227,83 @@ static __always_inline int called_from_libc(u32 tgid, u64 site)
     return r && site >= r->start && site < r->end;
 }
 
+/* The user stack pointer saved at syscall entry. */
+static __always_inline u64 user_sp(void)
+{
+    struct task_struct *task = bpf_get_current_task_btf();
+    char *regs = (char *)bpf_task_pt_regs(task);
+    u64 sp = 0;
+    bpf_probe_read_kernel(&sp, sizeof(sp), regs + LT_REGS_SP_OFF);
+    return sp;
+}
+
+/* A window of a hooked call for user space: to learn a path through the hook from (hook_learn: at most one per
+ * LT_HOOK_LEARN_EVERY_NS per process), or to show which part of UCX maps for itself (once per caller). */
+static __always_inline void hook_window(struct lt_pending *p, u64 now)
+{
+    struct lt_event ev = {};
+    ev.seq = now;
+    ev.type = LT_EV_HOOKWIN;
+    ev.tgid = p->tgid;
+    ev.tid = p->tid;
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = -1;
+    emit_window(&ev);
+}
+
+static __always_inline void hook_learn(struct lt_hook *h, struct lt_pending *p, u64 now)
+{
+    if (now - h->learn_seq < LT_HOOK_LEARN_EVERY_NS)
+        return;
+    h->learn_seq = now;
+    hook_window(p, now);
+}
+
+static __always_inline u64 read_user_word(u64 addr)
+{
+    u64 word = 0;
+    if (bpf_probe_read_user(&word, sizeof(word), (void *)addr) != 0)
+        return 0;
+    return word;
+}
+
+/* An anonymous mmap whose call site is in the process's memory hook (`h`): the return address to blame. The
+ * code that called the hooked function when the hook dispatched it (`*off` then says where it was read); the
+ * site itself when UCX mapped for itself, or while the call's path is not known. */
+static __always_inline u64 hooked_site(struct lt_hook *h, struct lt_pending *p, u64 now, u32 *off)
+{
+    struct lt_hook_key key = {.tgid = p->tgid, .pad = 0, .addr = p->site};
+    u64 *caller_off = hook_sites.lookup(&key);
+    u64 sp = user_sp();
+    if (!caller_off || !sp) {
+        hook_learn(h, p, now);
+        return p->site;
+    }
+    u64 caller = read_user_word(sp + *caller_off);
+    if (caller < h->start || caller >= h->end) {
+        /* UCX's own mapping: the trampoline was called from outside the hook. Its call path is shown once. */
+        key.addr = caller;
+        if (!hook_own.lookup(&key)) {
+            u8 seen = 1;
+            hook_own.update(&key, &seen);
+            hook_window(p, now);
+        }
+        return p->site;
+    }
+    key.addr = caller;
+    struct lt_hook_path *path = hook_paths.lookup(&key);
+    if (!path || read_user_word(sp + path->last_off) != path->last_ret) {
+        hook_learn(h, p, now);
+        return p->site;
+    }
+    u64 word = read_user_word(sp + path->dispatch_off);
+    if (!word)
+        return p->site;
+    *off = (u32)path->dispatch_off;
+    return word;
+}
+
 /* The caller as user space numbers it, and as the kernel does. */
 struct lt_ids {
     u32 tgid;
@@ -328,16 +416,27 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     u64 len = page_up(p->len);
     u64 now = bpf_ktime_get_ns();
     int anon = (p->flags & LT_MAP_ANONYMOUS) != 0;
-    int from_libc = anon && called_from_libc(tgid, p->site);
+    u64 site = p->site;
+    s64 stack_id = p->stack_id;
+    u32 hook_off = 0;  /* a hooked call: where the hooked function's caller sits in the window */
+    struct lt_hook *h = anon ? hooks.lookup(&tgid) : 0;
+    if (h && site >= h->start && site < h->end) {
+        u64 caller = hooked_site(h, p, now, &hook_off);
+        if (caller != site) {
+            site = caller;
+            stack_id = site_stack(args, tgid, caller);
+        }
+    }
+    int from_libc = anon && called_from_libc(tgid, site);
     if (!(p->flags & LT_MAP_FIXED) && !from_libc) {
         /* A plain mmap always returns a range that was free: the kernel can own it outright. */
         struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = (u64)ret};
         struct lt_region r = {};
         r.len = len;
         r.seq = now;
-        r.site = p->site;
+        r.site = site;
         r.ip = p->ip;
-        r.stack_id = p->stack_id;
+        r.stack_id = stack_id;
         r.tid = tid;
         r.prot = (u32)p->prot;
         r.flags = (u32)p->flags;
@@ -369,9 +468,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     ev.flags = p->flags;
     ev.prot = p->prot;
     ev.fd = anon ? (u64)-1 : p->fd;
-    ev.site = p->site;
+    ev.site = site;
     ev.ip = p->ip;
-    ev.stack_id = p->stack_id;
+    ev.stack_id = stack_id;
+    ev.aux_pid = hook_off;
     ev.result = ret;
     pending_done(p);
     if (from_libc)

@@ -27,6 +27,9 @@
                           * kernel half cannot size it: user space reads the mapping at addr whose inode is the
                           * shmid from /proc/PID/maps) */
 #define LT_EV_SHMDT 11   /* a SysV shm segment detached (emitted at entry, like MUNMAP): addr */
+#define LT_EV_HOOKWIN 12 /* a stack window of an mmap made through a memory hook (UCX's libucm), sent while user
+                          * space has not learned the hook's frame layout (lt_hook.dispatch_off 0): nothing to
+                          * account (the mmap itself took its usual path), site and ip as an MMAP's */
 
 /* EXIT event flags (lt_event.flags). */
 #define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */
@@ -88,7 +91,7 @@ struct lt_event {
     __u32 type;
     __u32 tgid;
     __u32 tid;
-    __u32 aux_pid;   /* FORK: child pid */
+    __u32 aux_pid;   /* FORK: child pid; MMAP through a memory hook: where its window's scan starts (lt_hook) */
     __u64 addr;      /* MMAP: result address; MUNMAP/MREMAP: old address; BRK: new break */
     __u64 len;       /* MMAP/MUNMAP: length; MREMAP: old length */
     __u64 new_addr;  /* MREMAP: result address */
@@ -125,6 +128,37 @@ struct lt_window_event {
 struct lt_range {
     __u64 start;
     __u64 end;
+};
+
+/* A memory-hook library in one process (UCX's libucm: in bistro mode it patches libc's mmap & co., so every
+ * mmap of the process reaches the kernel from its raw-syscall trampoline, and the call site alone would blame
+ * UCX for all of them). Set by user space when the library is mapped. */
+struct lt_hook {
+    __u64 start;      /* the hook library's code */
+    __u64 end;
+    __u64 learn_seq;  /* kernel-owned: when the last LT_EV_HOOKWIN was sent */
+};
+
+/* What user space learned of the hook's frames, from LT_EV_HOOKWIN windows walked with the library's unwind
+ * tables (leaktrace/probes/bpf/hookframes.py). Offsets are from the user stack pointer at the syscall.
+ *   hook_sites {tgid, site} -> caller_off: where the trampoline's caller's return address is. Inside the hook:
+ *     the hook dispatching someone else's mmap. Outside: UCX mapping for itself (libucs's registration cache),
+ *     which stays blamed on the hook.
+ *   hook_paths {tgid, that caller} -> struct lt_hook_path: on that dispatch path, the return address into the
+ *     code that called the hooked function (dispatch_off), once the hook's outermost frame is checked (the
+ *     return address last_ret at last_off). The region is kept with that as its site; an MMAP event of such a
+ *     call (a malloc chunk: the caller is libc) carries dispatch_off in aux_pid, where its window's scan starts.
+ * Until a call's path is known it keeps the hook's site, and a window is sent now and then to learn from. */
+struct lt_hook_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 addr;
+};
+
+struct lt_hook_path {
+    __u64 dispatch_off;
+    __u64 last_off;
+    __u64 last_ret;
 };
 
 /* Call-site cache key: one user stack per (process, return address). */

@@ -137,8 +137,11 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
         munmaps = int(((ev["pid"] == c["pid"]) & (ev["type"] == "munmap")).sum())
         settled = int(reader.table("bpf_counters")["settled"].max())
         chunk = 148 * 1024
-        assert c["outstanding_bytes"] > 0 and c["outstanding_bytes"] % chunk == 0, c
-        assert abs(c["outstanding_bytes"] - 148 * munmaps) <= chunk + 148 * settled, (c, munmaps, settled)
+        # The churn thread's 8 KiB buffer is the same library's mmap (through UCX's hook, blamed on the hook's
+        # caller): one may be in flight when the hunt stops, beside whole chunks.
+        chunks = c["outstanding_bytes"] - c["outstanding_bytes"] % chunk
+        assert chunks > 0 and c["outstanding_bytes"] - chunks <= 8192, c
+        assert abs(chunks - 148 * munmaps) <= chunk + 148 * settled, (c, munmaps, settled)
         assert munmaps >= 10 * 1024, munmaps  # ≥ 10 chunks' worth: the one-chunk slack is ≤ 10% of it
         assert c["mb_per_min"] > 5, c  # a clear leak, whatever the pace
     else:

@@ -11,7 +11,9 @@
  *        (defaults: 5000/s, run until killed; seconds 0: no time limit; munmaps: stop after that many,
  *        a multiple of 100)
  * Prints "ready <pid>" once the context exists; with UCX_MUNMAP_LEAK_GO=PATH it then waits until PATH
- * exists before the first munmap (a handshake: the caller measures first). Prints "done N" (N munmaps)
+ * exists before the first munmap (a handshake: the caller measures first). With UCX_MUNMAP_LEAK_KEEP=K the
+ * program also leaks by itself: every K-th region is kept (its mmap, like every mmap of this process, goes
+ * through UCX's hook: libc's mmap jumps into libucm, which makes the raw syscall). Prints "done N" (N munmaps)
  * when the time or the count is up, and keeps sleeping, so a tracer can still read the final state.
  */
 #include <stdio.h>
@@ -35,6 +37,8 @@ int main(int argc, char **argv)
     double seconds = argc > 2 ? atof(argv[2]) : 0;
     long total = argc > 3 ? atol(argv[3]) : 0;
     const char *go = getenv("UCX_MUNMAP_LEAK_GO");
+    const char *keep_env = getenv("UCX_MUNMAP_LEAK_KEEP");
+    long keep = keep_env ? atol(keep_env) : 0;
     ucp_config_t *config;
     ucp_context_h context;
     ucp_params_t params;
@@ -72,6 +76,9 @@ int main(int argc, char **argv)
                 return 1;
             }
             p[0] = 1;
+            p[4096] = 1;
+            if (keep > 0 && (done + i) % keep == keep - 1)
+                continue;  /* the program's own leak */
             munmap(p, 8192);
         }
         done += batch;

@@ -8,9 +8,10 @@ import ctypes as ct
 
 EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP, EV_MPROTECT = range(1, 10)
 EV_SHMAT, EV_SHMDT = 10, 11  # SysV shm attach (fd = shmid, len 0: sized in user space) and detach
+EV_HOOKWIN = 12  # a window of a hooked mmap to learn the hook's frames from (nothing to account)
 EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
                EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect",
-               EV_SHMAT: "shmat", EV_SHMDT: "shmdt"}
+               EV_SHMAT: "shmat", EV_SHMDT: "shmdt", EV_HOOKWIN: "hookwin"}
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status
@@ -40,6 +41,24 @@ class Range(ct.Structure):
     """struct lt_range: libc's code in one process (the `runtime` map)."""
 
     _fields_ = [("start", ct.c_uint64), ("end", ct.c_uint64)]
+
+
+class Hook(ct.Structure):
+    """struct lt_hook: a memory-hook library's code in one process (the `hooks` map)."""
+
+    _fields_ = [("start", ct.c_uint64), ("end", ct.c_uint64), ("learn_seq", ct.c_uint64)]
+
+
+class HookKey(ct.Structure):
+    """struct lt_hook_key: (process, return address) in `hook_sites` and `hook_paths`."""
+
+    _fields_ = [("tgid", ct.c_uint32), ("pad", ct.c_uint32), ("addr", ct.c_uint64)]
+
+
+class HookPath(ct.Structure):
+    """struct lt_hook_path: where a dispatch path's caller is, and the hook frame that checks the path."""
+
+    _fields_ = [("dispatch_off", ct.c_uint64), ("last_off", ct.c_uint64), ("last_ret", ct.c_uint64)]
 
 
 class WindowEvent(Event):

@@ -4,7 +4,7 @@ BpfProbe, which holds the scanner and the kernel regions' origins). Split from p
 from __future__ import annotations
 
 from leaktrace.probes.bpf.addrspace import Origin
-from leaktrace.probes.bpf.layout import EV_MREMAP, Event, WindowEvent
+from leaktrace.probes.bpf.layout import EV_MMAP, EV_MREMAP, Event, WindowEvent
 
 
 class GrowthOrigins:
@@ -17,6 +17,10 @@ class GrowthOrigins:
         if not isinstance(e, WindowEvent) or not e.win_len:
             return o
         window = e.window
+        if e.type == EV_MMAP and e.aux_pid:
+            # made through a memory hook: the kernel read the hooked function's caller (libc's malloc here) at
+            # this offset (bpf/leaktrace.h, struct lt_hook_path); below it are only the hook's own frames
+            window = window[e.aux_pid:]
         if e.type == EV_MREMAP:
             # A wrapper called straight by its user (mremap): its return address sits at the offset its
             # epilogue says; a scan could take a stale word left in the wrapper's frame instead.

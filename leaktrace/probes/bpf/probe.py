@@ -23,6 +23,7 @@ from leaktrace import procfs
 from leaktrace.errors import AccessDenied, BpfUnavailable, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions
 from leaktrace.probes.bpf.addrspace import Origin
+from leaktrace.probes.bpf.hookpaths import HookPaths
 from leaktrace.probes.bpf.kernel import KernelRegions
 from leaktrace.probes.bpf.layout import (
     COUNTERS,
@@ -30,6 +31,7 @@ from leaktrace.probes.bpf.layout import (
     EV_EXEC,
     EV_EXIT,
     EV_FORK,
+    EV_HOOKWIN,
     EV_LIBMAP,
     EV_MMAP,
     EV_MPROTECT,
@@ -60,7 +62,7 @@ MAX_BATCH = 8192
 STOP_DRAIN_S = 1.0
 
 
-class BpfProbe(SnapshotRows, GrowthOrigins):
+class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
     name = "bpf"
 
     def __init__(self, options: HuntOptions | None = None, poll_interval: float = 0.05,
@@ -86,6 +88,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         self._applied = 0  # events taken from the ring and applied (all batches)
         self._maps_due: set[int] = set()  # processes that loaded a library in the batch being applied
         self._known: set[int] = set()
+        self._init_hooks()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._site_lib: dict[tuple[int, int, int, int], str] = {}
@@ -193,6 +196,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         if libc is not None and self.prog is not None:
             # anonymous mmaps called from there take the slow path with a stack window (bpf/leaktrace.bpf.c)
             self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*libc)
+        self._set_hook_code(pid, maps)
 
     def _poll_loop(self) -> None:
         full = False
@@ -252,7 +256,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         return {"events": self._counters["syscalls"], "lost_events": self._counters["lost_events"],
                 "outstanding_bytes": tot, "slow_events": self._counters["slow_events"],
                 "settled_in_kernel": self._counters["settled"], "headers": self.header_kind,
-                "attach_s": self.attach_s, "error": self.error}
+                "attach_s": self.attach_s, "error": self.error, "memory_hook": dict(self.hook_counts)}
 
     # ------------------------------------------------------------------ events
     def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
@@ -279,6 +283,9 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         taken: set[tuple[int, int]] = set()
         rows = []
         for e in batch:
+            if e.type == EV_HOOKWIN:  # nothing to account: a window to learn a hook's frames from
+                self._learn_hook(e)
+                continue
             self._apply(e, kmap, taken)
             rows.append(self._event_row(e))
         self._refresh_due_maps()
@@ -341,6 +348,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
             self.shm_sizer.forget(pid)
             self.symbols.forget(pid)
             self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
+            self._hook_process_gone(pid)  # the new image may map no hook, or map it elsewhere
             self._seed(pid)
         elif e.type == EV_EXIT:
             code = None if e.flags & EXIT_NO_CODE else int(e.result)
@@ -349,6 +357,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
             self.ledger.exit(pid, e.seq)
             self.shm_sizer.forget(pid)
             self._known.discard(pid)
+            self._hook_process_gone(pid)
             try:
                 del self.prog[b"runtime"][ct.c_uint32(pid)]
             except (KeyError, TypeError):
@@ -384,3 +393,4 @@ class BpfProbe(SnapshotRows, GrowthOrigins):
         if maps is not None:
             self.symbols.set_maps(pid, maps)
             self._maps_refreshed[pid] = time.monotonic()
+            self._set_hook_code(pid, maps)

@@ -42,6 +42,7 @@ from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
 from leaktrace.probes.bpf.layout import (
     COUNTERS,
     EV_BRK,
+    EV_FORK,
     EV_MMAP,
     EV_MPROTECT,
     EV_MREMAP,
@@ -84,7 +85,7 @@ class SnapshotRows(KernelSide):
                 "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
                 "new_len": _i64(e.new_len), "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd),
                 "site": _i64(e.site), "stack_key": f"{e.tgid}:{e.site:#x}" if has_site else "",
-                "result": e.result, "child": e.aux_pid}
+                "result": e.result, "child": e.aux_pid if e.type == EV_FORK else 0}
 
     # ------------------------------------------------------------------ snapshots
     def _library(self, pid: int, o: Origin) -> str:
