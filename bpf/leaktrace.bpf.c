@@ -43,7 +43,8 @@
  * own namespace). Without LT_PIDNS_INO none of this is compiled in: the host-pid path is unchanged.
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
- * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_HOOK_LEARN_EVERY_NS, LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
+ * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_HOOK_LEARN_EVERY_NS, LT_HOOK_WINDOW_EVERY_NS,
+ * LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
  * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim), LT_SYSV_TRACEPOINTS
  * (defined when it has the shmat/shmdt syscall tracepoints).
  *
@@ -71,6 +72,9 @@
 #endif
 #ifndef LT_HOOK_LEARN_EVERY_NS
 #define LT_HOOK_LEARN_EVERY_NS 10000000  /* hooked mmaps on paths not learned yet: one window per 10 ms per process */
+#endif
+#ifndef LT_HOOK_WINDOW_EVERY_NS
+#define LT_HOOK_WINDOW_EVERY_NS 5000000  /* malloc chunks through the hook: one stack window per thread per 5 ms */
 #endif
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
@@ -118,6 +122,7 @@ struct lt_commit {
     u64 end;
 };
 BPF_TABLE("lru_hash", u32, struct lt_commit, last_commit, 65536);  /* host tid -> its last commit */
+BPF_TABLE("lru_hash", u32, u64, last_hook_window, 65536);  /* host tid -> its last hooked malloc chunk's window */
 BPF_STACK_TRACE(stacks, LT_MAX_STACKS);
 BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
 /* host pid (the thread the OOM killer marked) -> bpf_ktime_get_ns() of the mark; any process's, bounded */
@@ -428,6 +433,18 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
         }
     }
     int from_libc = anon && called_from_libc(tgid, site);
+    if (from_libc && hook_off) {
+        /* malloc's chunk through the hook: with a small mmap threshold a worker makes ~1,000 a second, and a
+         * window for each (plus its munmap, no longer settled here) overflowed the ring. One window per thread
+         * per LT_HOOK_WINDOW_EVERY_NS; the others stay on the fast path with libc's site, and user space gives
+         * them the caller of their thread's last window (a thread's burst of chunks has one caller). */
+        u32 host_tid = (u32)bpf_get_current_pid_tgid();
+        u64 *last = last_hook_window.lookup(&host_tid);
+        if (last && now - *last < LT_HOOK_WINDOW_EVERY_NS)
+            from_libc = 0;
+        else
+            last_hook_window.update(&host_tid, &now);
+    }
     if (!(p->flags & LT_MAP_FIXED) && !from_libc) {
         /* A plain mmap always returns a range that was free: the kernel can own it outright. */
         struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = (u64)ret};

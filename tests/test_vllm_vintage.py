@@ -9,16 +9,22 @@ pair runs in a private network namespace (tests/targets/vintage_pd.py); ``leaktr
 the same namespace (it scrapes /metrics on 127.0.0.1) with no tuning flags. Both session directories are
 kept in ``vintage_sessions`` for ``leaktrace compare BEFORE AFTER``.
 
-Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py collects it only then); ~10 min on 2 cores.
-Measured 2026-12-01 with chunked prefill (32 tokens a step) and MALLOC_MMAP_THRESHOLD_=1024: the prefill
-worker munmaps ~890/s under load, UCX's queue grows by one 148 KiB chunk every ~1.2 s; the hunt named
-libucm in the prefill worker at 4.34 MB/min against 4.29 MB/min from /proc, 14 s after attach, and 7.3
-against 7.7 in a clean-clone CI run. Why it is not in CI yet: in that CI run the control (=1024) was named
-too (libucm 7.9 MB/min). Its worker held no more than 5 of UCX's chunks; what grew were 35 regions of
-256 KiB (Python's object arenas), 20 of 264 KiB and small malloc chunks: the worker's own Python and malloc
-growth (5.0 MB/min from /proc), whose mmap calls go through UCX's bistro hook and reach the kernel from
-libucm's raw syscall, so the ledger blames libucm. The fix belongs in the ledger: blame a hooked mmap on the
-hook's caller (scan the stack window past libucm as it is scanned past libc for malloc growth).
+Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py collects it only then); 7-10 min on 2 cores.
+The hunt runs while the load does; the load stops when the hunt's traced window ends (its "attached" line
+plus HUNT_S), so its stop and report run without it.
+
+History (2026-12-01). With chunked prefill (32 tokens a step) the prefill worker munmaps ~900/s under load
+and UCX's queue grows by one 148 KiB chunk every ~1.2 s. Until then every mmap of a hooked worker was blamed
+on libucm (bistro hooks make the raw syscall for the whole process), and in a CI run the control was named
+too (libucm 7.9 MB/min: the worker's own Python arenas and malloc chunks). Now a mmap through the hook is
+blamed on the hook's caller (decided in the kernel: bpf/leaktrace.bpf.c, probes/bpf/hookpaths.py); UCX's own chunks stay on libucm, with the
+stack ucm_orig_mmap_syscall <- libucs (rcache pool) <- ucs_mpool_grow <- ucm_event_dispatch <- ucm_munmap
+<- free <- c10 tensor dealloc. Measured since: leak named at 4.74 and 7.20 MB/min (/proc 5.64 and 10.26),
+first_named_s 10.5 and 10.7; controls with no UCX culprit (/proc 0.06, 0.44, 2.05, 0.008 MB/min).
+Why it is still not in CI: the control's verdict and ``compare`` depend on the run. The worker's own
+warm-up (oneDNN's primitive cache, now bounded by ONEDNN_PRIMITIVE_CACHE_CAPACITY in vintage_pd.py) was named
+as a new culprit in one control (compare: regressed), and on 2 cores saturated by the pair the hunt's attach
+took up to 107 s with ticks stalled for 18-38 s, losing events (control verdict inconclusive).
 ``test_vintage_ledger_sees_rcache_chunks`` checks the mechanism itself: the leak run's worker holds UCX's
 chunks at the end, the control's (almost) none.
 """
@@ -120,15 +126,34 @@ def _hunt(setting: str, out: Path) -> VintageRun:
         sampler.start()
         ok0 = load.ok
         t0 = time.monotonic()
-        r = subprocess.run([*pair.ns.enter(), sys.executable, "-m", "leaktrace", "hunt", "--vllm",
-                            "--duration", str(HUNT_S), "--out", str(out)],
-                           capture_output=True, text=True, timeout=HUNT_S + 300, cwd=str(REPO))
-        t1 = time.monotonic()
-        sampler.stop()
-        load.stop()
-        assert r.returncode == 0, r.stderr[-3000:]
+        err_path = out.parent / f"{out.name}.stderr"
+        with open(err_path, "w") as err:
+            hunt = subprocess.Popen([*pair.ns.enter(), sys.executable, "-m", "leaktrace", "hunt", "--vllm",
+                                     "--duration", str(HUNT_S), "--out", str(out)],
+                                    stdout=subprocess.DEVNULL, stderr=err, text=True, cwd=str(REPO))
+        try:
+            # The load and the /proc sampler run through the hunt's traced window: from its "attached" line
+            # to HUNT_S later. Its stop and report then run without the load (they took ~75 s under it).
+            window_end = None
+            deadline = t0 + HUNT_S + 300
+            while hunt.poll() is None and time.monotonic() < deadline:
+                if window_end is None and "] attached " in err_path.read_text():
+                    window_end = time.monotonic() + HUNT_S
+                if window_end is not None and time.monotonic() >= window_end:
+                    break
+                time.sleep(0.5)
+            t1 = time.monotonic()
+            sampler.stop()
+            load.stop()
+            hunt.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if hunt.poll() is None:
+                hunt.kill()
+                hunt.wait()
+        stderr = err_path.read_text()
+        assert hunt.returncode == 0, stderr[-3000:]
         run = VintageRun(setting, out, pair.prefill.pid, pair.decode.pid, wpids, HUNT_S,
-                         requests=load.ok - ok0, failed=load.failed, stderr=r.stderr, wall_s=t1 - t0)
+                         requests=load.ok - ok0, failed=load.failed, stderr=stderr, wall_s=time.monotonic() - t0)
         # The hunt's traced window: from its attach to the end of its duration (not the stop and analysis).
         attach = float(run.report.get("attach_s") or 0.0)
         for p in wpids.values():
@@ -196,11 +221,17 @@ def test_vintage_leak_named(vintage_sessions) -> None:
     assert c["instance"] == (run.prefill if role == "prefill" else run.decode), c
     inst = next(i for i in rep["instances"] if i["instance"] == c["instance"])
     assert inst["role"] == role, inst
-    # The call path: the pool of the rcache's invalidation queue, grown through UCM's raw mmap.
-    assert any(re.search(r"ucs_rcache|ucm_", f) for f in c["stack"]), c["stack"]
-    # The rate agrees with the worker's own growth (/proc, sampled by the test) over the same window.
+    # The call path: the pool of the rcache's invalidation queue (libucs's ucs_mpool_grow), grown through UCM's
+    # raw mmap (ucm_orig_mmap_syscall), from the scanned stack window.
+    assert any(re.search(r"ucm_orig_mmap_syscall", f) for f in c["stack"]), c["stack"]
+    assert any(re.search(r"libucs.*ucs_mpool_grow", f) for f in c["stack"]), c["stack"]
+    # The rate agrees with /proc (sampled by the test over the hunt's window), the worker's own growth aside:
+    # besides UCX's queue the worker grows by itself in some runs (oneDNN's primitive cache, c10 buffers:
+    # 0-3 MB/min, named as their own culprits since mmaps through UCX's hook are blamed on their callers), so
+    # the UCX culprit is at most the worker's /proc growth (+25%) and at least half of it. Measured: 4.74
+    # against 5.64 and 7.20 against 10.26 (that run's worker also grew 3 MB/min through _C.abi3.so and c10).
     proc = run.proc_mb_per_min[c["pid"]]
-    assert abs(c["mb_per_min"] - proc) <= 0.25 * proc, (c["mb_per_min"], proc)
+    assert 0.5 * proc <= c["mb_per_min"] <= 1.25 * proc, (c["mb_per_min"], proc)
     # The remedy names the setting with the value read from the live process (vLLM retitles its
     # processes, so /proc/PID/environ is empty: the value comes from libc's environ in memory).
     assert "UCX_RCACHE_MAX_UNRELEASED=inf" in c["remedy"], c["remedy"]

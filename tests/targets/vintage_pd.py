@@ -172,6 +172,11 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
         # munmaps; both were run, see tests/test_vllm_vintage.py for why the control is not yet clean).
         "MALLOC_MMAP_THRESHOLD_": os.environ.get("VINTAGE_MMAP_THRESHOLD", "4096"),
         **({"MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0"} if os.environ.get("VINTAGE_TRIM") else {}),
+        # The pair's own warm-up, bounded: oneDNN (inside vLLM's _C) caches a JIT-compiled primitive per new
+        # batch shape, and chunked prefill with two clients makes new shapes for minutes (the control worker
+        # grew 2.5-6.6 MB/min through it in a 60 s hunt: a real, bounded growth that a 2-minute-old worker
+        # shows and a production worker is past). A smaller cache (default 1024) is full within the warm-up.
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("VINTAGE_ONEDNN_CACHE", "128"),
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
     }
 

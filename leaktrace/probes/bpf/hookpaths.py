@@ -36,6 +36,7 @@ class HookPaths:
         self._hook_base: dict[int, int] = {}  # pid -> the address of the hook file's offset 0
         self._learned: dict[str, _Learned] = {}  # hook file -> its paths
         self._failed_walks: dict[int, int] = {}
+        self._hook_callers = {}
         self.hook_counts = {"windows": 0, "sites": 0, "paths": 0, "failed": 0}
 
     def _set_hook_code(self, pid: int, maps: list[MapEntry]) -> None:
@@ -113,6 +114,7 @@ class HookPaths:
         """The process exited or exec'd (the new image may map no hook, or map it elsewhere)."""
         self._forget_hook(pid)
         self._failed_walks.pop(pid, None)
+        self._hook_callers = {k: v for k, v in self._hook_callers.items() if k[0] != pid}
 
     def _forget_hook(self, pid: int) -> None:
         """The kernel forgets the process's hook and paths (gone, or its hook cannot be walked)."""

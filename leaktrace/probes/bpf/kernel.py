@@ -59,6 +59,8 @@ class KernelSide:
     _kernel_count: int
     _korigin_ids: dict[tuple[str, int, int, int], int]
     _korigins: list[Origin]
+    _hook_callers: dict[tuple[int, int], Origin]  # (pid, tid) -> its last hooked malloc chunk's origin
+    scanner: Any  # StackScanner
 
     def _scan_kernel(self) -> dict[int, KernelRegions]:
         """Kernel-owned regions per tgid, read straight into arrays (no object kept per region)."""
@@ -66,10 +68,16 @@ class KernelSide:
         oids = array("I")
         ids, origins = self._korigin_ids, self._korigins
 
+        callers = self._hook_callers
+
         def fill(items: Any, cols: list[array], oids: array) -> None:
             tg, st, en, sq = cols
             for k, v in items:
-                key = (_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
+                o = callers.get((k.tgid, v.tid)) if callers else None
+                if o is not None and v.fd == ANON_FD and self.scanner.in_libc(k.tgid, v.site):
+                    key = (o.kind, o.site, o.ip, o.stack_id)  # a hooked malloc chunk sent without a window
+                else:
+                    key = (_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
                 oid = ids.get(key)
                 if oid is None:
                     oid = ids[key] = len(origins)
@@ -125,6 +133,15 @@ class KernelSide:
     def _put_back(self, tgid: int, start: int, val: Region) -> None:
         self.prog[b"regions"][RegionKey(tgid, 0, start)] = val
 
+    def _kernel_region_origin(self, tgid: int, v: Region) -> Origin:
+        """A kernel region's origin. A malloc chunk mapped through a memory hook without a stack window (the
+        kernel sends one per thread per few ms: bpf/leaktrace.bpf.c) has libc's site: it takes the caller its
+        thread's last window named (a thread's burst of chunks has one caller)."""
+        o = self._hook_callers.get((tgid, v.tid)) if self._hook_callers else None
+        if o is not None and v.fd == ANON_FD and self.scanner.in_libc(tgid, v.site):
+            return Origin(o.kind, t_born=v.seq, site=o.site, ip=o.ip, stack_id=o.stack_id, tid=v.tid)
+        return self._origin_of(v)
+
     @staticmethod
     def _origin_of(v: Region | Event, kind: str | None = None) -> Origin:
         if kind is None:
@@ -152,7 +169,7 @@ class KernelSide:
                 self._put_back(tgid, start, val)
                 continue
             taken.add((tgid, start))
-            self.ledger.mmap(tgid, start, val.len, self._origin_of(val))
+            self.ledger.mmap(tgid, start, val.len, self._kernel_region_origin(tgid, val))
 
     def _drop_kernel(self, kmap: dict[int, KernelRegions], tgid: int, seq: int,
                      taken: set[tuple[int, int]]) -> None:

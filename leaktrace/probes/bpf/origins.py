@@ -1,5 +1,6 @@
 """Where a heap's growth comes from: the caller of malloc found in an event's stack window (a mixin of
-BpfProbe, which holds the scanner and the kernel regions' origins). Split from probe.py (move only)."""
+BpfProbe, which holds the scanner and the kernel regions' origins), also when malloc's mmap went through a
+memory hook (UCX's libucm)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from leaktrace.probes.bpf.layout import EV_MMAP, EV_MREMAP, Event, WindowEvent
 
 
 class GrowthOrigins:
+    _hook_callers: dict[tuple[int, int], Origin]  # (pid, tid) -> its last hooked malloc chunk's origin (kernel.py)
+
     def _growth_origin(self, e: Event, kind: str | None) -> Origin:
         """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
         found by scanning the event's stack window (the caller of malloc), else the syscall's caller.
@@ -19,8 +22,14 @@ class GrowthOrigins:
         window = e.window
         if e.type == EV_MMAP and e.aux_pid:
             # made through a memory hook: the kernel read the hooked function's caller (libc's malloc here) at
-            # this offset (bpf/leaktrace.h, struct lt_hook_path); below it are only the hook's own frames
-            window = window[e.aux_pid:]
+            # this offset (bpf/leaktrace.h, struct lt_hook_path); below it are only the hook's own frames. The
+            # thread's next chunks come without a window for a few ms: they take this caller (kernel.py).
+            o = self._scanned_origin(e, o, kind, window[e.aux_pid:])
+            if o.site != e.site:
+                if len(self._hook_callers) > 100_000:
+                    self._hook_callers.clear()
+                self._hook_callers[(e.tgid, e.tid)] = o
+            return o
         if e.type == EV_MREMAP:
             # A wrapper called straight by its user (mremap): its return address sits at the offset its
             # epilogue says; a scan could take a stale word left in the wrapper's frame instead.
@@ -30,6 +39,11 @@ class GrowthOrigins:
                 if (e.tgid, caller) not in self.scanner.chains:
                     self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window[exact[0]:])
                 return Origin(kind or "anon", t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
+        return self._scanned_origin(e, o, kind, window)
+
+    def _scanned_origin(self, e: Event, o: Origin, kind: str | None, window: bytes) -> Origin:
+        """The origin from a scan of ``window`` for the first return address outside libc/ld.so (see
+        :meth:`_growth_origin`); ``o`` when there is none."""
         inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
         if kind is None:
             kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"

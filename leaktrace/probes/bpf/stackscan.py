@@ -5,7 +5,8 @@ The kernel half sends, with each growth of a heap (brk of the main heap, mprotec
 bytes above the user stack pointer at the syscall. Every 8-byte word there that points into executable
 code right after a call instruction (``e8 rel32``, or one of the ``ff /2`` indirect forms) is taken as a
 return address, innermost first. The first one outside the C runtime (libc, ld.so: malloc's internals
-and the syscall wrappers) is the code that called malloc — even when that library is stripped and built
+and the syscall wrappers; and a memory hook, UCX's libucm, whose sbrk and mmap stand between malloc and the
+kernel when its hooks are on) is the code that called malloc — even when that library is stripped and built
 with ``-fomit-frame-pointer``.
 
 A stale word (a return address left by an earlier, deeper call) can pass the test; the innermost frames
@@ -20,7 +21,7 @@ import os
 
 import numpy as np
 
-from leaktrace.memclass import LIBC_LIBRARY
+from leaktrace.memclass import LIBC_LIBRARY, MEMORY_HOOK_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 
 # libc entry points that allocate from malloc's heaps: a growth whose libc frames pass through one is malloc's
@@ -189,8 +190,13 @@ class StackScanner:
         return hit[1], hit[2]
 
     def in_runtime(self, pid: int, addr: int) -> bool | None:
-        """Is ``addr`` in libc or ld.so? None when it is in no named file."""
+        """Is ``addr`` in libc, ld.so or a memory hook (UCX's libucm, which stands between malloc and the kernel
+        when its hooks are on: malloc's sbrk and mmap go through it)? None when it is in no named file."""
         return self._info(pid, addr)[1]
+
+    def in_libc(self, pid: int, addr: int) -> bool:
+        """Is ``addr`` in libc or ld.so (not a memory hook)?"""
+        return bool(self._runtime_of(pid, addr)) and not self._hook_of(pid, addr)
 
     def _runtime_of(self, pid: int, addr: int) -> bool | None:
         m = self.symbols.mapping(pid, addr)
@@ -198,8 +204,13 @@ class StackScanner:
             return None
         hit = self._runtime.get(m.path)
         if hit is None:
-            hit = self._runtime[m.path] = bool(LIBC_LIBRARY.match(os.path.basename(m.path.removesuffix(" (deleted)"))))
+            name = os.path.basename(m.path.removesuffix(" (deleted)"))
+            hit = self._runtime[m.path] = bool(LIBC_LIBRARY.match(name) or MEMORY_HOOK_LIBRARY.match(name))
         return hit
+
+    def _hook_of(self, pid: int, addr: int) -> bool:
+        m = self.symbols.mapping(pid, addr)
+        return m is not None and bool(MEMORY_HOOK_LIBRARY.match(os.path.basename(m.path.removesuffix(" (deleted)"))))
 
     def return_addresses(self, pid: int, window: bytes, to_caller: bool = False) -> list[int]:
         """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first; with
@@ -221,7 +232,7 @@ class StackScanner:
         return out
 
     def caller(self, pid: int, addrs: list[int]) -> int | None:
-        """The first return address outside the C runtime and the dynamic loader."""
+        """The first return address outside the C runtime, the dynamic loader and memory hooks."""
         for a in addrs:
             if self.in_runtime(pid, a) is False:
                 return a
