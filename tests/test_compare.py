@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, is_root, run_cli
 from golden import GOLDEN
 
-from leaktrace.analysis.compare import normalise_library
+from leaktrace.analysis.compare import compare_reports, normalise_library
 
 LEAK_BIN = REPO / ".cache" / "ucx_munmap_leak"
 UCX_ENV = {"UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib*,rdmacm"}
@@ -53,6 +53,22 @@ def test_verdicts_on_recorded_hunts(tmp_path, before, after, verdict, status):
     assert f"verdict: {verdict}" in r.stdout
     assert f"**{verdict}**" in (tmp_path / "compare.md").read_text()
     assert f'class="verdict {verdict}"' in (tmp_path / "compare.html").read_text()
+
+
+@pytest.mark.parametrize("new_rate,verdict", [(30.0, "fixed"), (119.6, "regressed")])
+def test_a_new_culprit_regresses_only_when_it_grows_as_fast(tmp_path, new_rate, verdict):
+    """The remedied leak gone and something else new beside it (a worker's own warm-up in the vintage pair):
+    fixed while the new growth is slower than what was fixed, with the new culprit in the reason; regressed
+    once it grows at least as fast. The after hunt is the recorded UCX hunt with its culprit's rate set."""
+    before = json.loads((GOLDEN / "demo" / "expected" / "report.json").read_text())  # libxfer_demo.so 119.5
+    after = json.loads((GOLDEN / "ucx" / "expected" / "report.json").read_text())
+    for c in after["culprits"]:
+        c["mb_per_min"] = new_rate
+    cmp = compare_reports(before, after, tmp_path / "b", tmp_path / "a")
+    assert cmp["verdict"] == verdict, cmp["verdict_reason"]
+    assert {c["library"]: c["status"] for c in cmp["culprits"]} == {"libxfer_demo.so": "gone", "libucm.so": "new"}
+    if verdict == "fixed":
+        assert "libucm.so 30.0 MB/min" in cmp["verdict_reason"], cmp["verdict_reason"]
 
 
 def test_bad_input_is_one_line(tmp_path):

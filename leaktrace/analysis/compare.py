@@ -7,9 +7,11 @@ normalised: ``libucm-1a2b3c4d.so.0.0.0`` and ``libucm.so.0`` are one library), a
 
 Verdict (``compare.json``):
   ``fixed``         the before hunt leaked and the after hunt does not, or every before culprit is gone and
-                    nothing new grows
-  ``regressed``     the after hunt leaks where the before did not, or a new culprit / a remaining one grows
-                    ≥ REGRESS_FACTOR faster
+                    whatever is new grows slower, all together, than they did (it is listed in the reason:
+                    a worker's own warm-up beside a remedied leak is not the remedy's failure)
+  ``regressed``     the after hunt leaks where the before did not, or a remaining culprit grows
+                    ≥ REGRESS_FACTOR faster, or new culprits grow, all together, at least as fast as every
+                    culprit of the before hunt did
   ``not-fixed``     a before culprit remains at ≥ REMAIN_SHARE of its rate
   ``inconclusive``  either hunt is inconclusive, or nothing leaked before
 ``confidence`` (0–1) is the weaker hunt's support: its observed span over CONFIDENT_SPAN_S (capped at 1)
@@ -182,14 +184,18 @@ def _verdict(before: Report, after: Report, rows: list[dict[str, Any]]) -> tuple
     gone = [r for r in rows if r["status"] == "gone"]
     if "inconclusive" in (bv, av):
         return "inconclusive", f"the {'before' if bv == 'inconclusive' else 'after'} hunt is inconclusive"
-    if av == "leak" and (bv == "no-leak" or new or faster):
+    before_total = sum(r["before_mb_per_min"] for r in rows)
+    new_total = sum(r["after_mb_per_min"] for r in new)
+    if av == "leak" and (bv == "no-leak" or (new and new_total >= before_total) or faster):
         what = ", ".join(f"{r['label']} ({r['status'] if r['status'] == 'new' else 'faster'})" for r in new + faster)
         return "regressed", ("the after hunt leaks" + (f": {what}" if what else " where the before hunt did not"))
     if bv == "no-leak":
         return "inconclusive", "nothing leaked in the before hunt: there was nothing to fix"
     if av == "no-leak" or (gone and not remains):
+        also = "; new, slower than what was fixed: " + ", ".join(
+            f"{r['label']} {r['after_mb_per_min']:.1f} MB/min" for r in new) if new else ""
         return "fixed", ("the after hunt does not leak" if av == "no-leak" else
-                         f"every culprit of the before hunt is gone ({', '.join(r['label'] for r in gone)})")
+                         f"every culprit of the before hunt is gone ({', '.join(r['label'] for r in gone)})") + also
     return "not-fixed", "still growing after: " + ", ".join(
         f"{r['label']} {r['before_mb_per_min']:.1f} → {r['after_mb_per_min']:.1f} MB/min" for r in remains)
 
