@@ -113,6 +113,8 @@ def test_rule_stack_is_matched_from_the_calling_library_outward(rules, tmp_path)
     assert explain(c, rules, reader)["rule"] != "ucx-rcache"
     c.stack.append("libucm-39cc26dc.so.0.0.0!ucm_override_sbrk+0x9")  # the hook again, further out: still not
     assert explain(c, rules, reader)["rule"] != "ucx-rcache"
+    c.stack.append("libucs-432059c7.so.0.0.0!ucs_async_pipe_push+0x1e")  # a stale word of a scanned stack: not
+    assert explain(c, rules, reader)["rule"] != "ucx-rcache"
     c.stack.append("libucs-432059c7.so.0.0.0!ucs_rcache_create+0x10")  # UCX itself further out: UCX's business
     assert explain(c, rules, reader)["rule"] == "ucx-rcache"
 
