@@ -27,9 +27,10 @@
                           * kernel half cannot size it: user space reads the mapping at addr whose inode is the
                           * shmid from /proc/PID/maps) */
 #define LT_EV_SHMDT 11   /* a SysV shm segment detached (emitted at entry, like MUNMAP): addr */
-#define LT_EV_HOOKWIN 12 /* a stack window of an mmap made through a memory hook (UCX's libucm), sent while user
-                          * space has not learned the hook's frame layout (lt_hook.dispatch_off 0): nothing to
-                          * account (the mmap itself took its usual path), site and ip as an MMAP's */
+#define LT_EV_HOOKWIN 12 /* a stack window of an mmap made through a memory hook (UCX's libucm), sent while its
+                          * path through the hook is not learned (hook_sites, hook_paths), or once per part of UCX
+                          * that maps for itself: nothing to account (the mmap itself took its usual path), site
+                          * and ip as an MMAP's */
 
 /* EXIT event flags (lt_event.flags). */
 #define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */

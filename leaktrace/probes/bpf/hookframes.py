@@ -1,16 +1,18 @@
 """Where a memory hook's callers sit on the stack: the offsets the kernel half reads to blame an mmap made
-through UCX's memory hook on the code that called mmap (bpf/leaktrace.h, struct lt_hook).
+through UCX's memory hook on the code that called mmap (bpf/leaktrace.h: struct lt_hook and what follows).
 
 In bistro mode UCX's libucm patches libc's mmap & co., and every mmap of the process reaches the kernel from
 libucm's raw-syscall trampoline (``ucm_orig_mmap_syscall``): the call site alone would name UCX for a worker's
-own growth (malloc's chunks, Python's arenas, torch's tensors). The path through the hook is fixed for one
-build of the library, so two offsets from the stack pointer at the syscall tell the cases apart:
+own growth (malloc's chunks, Python's arenas, torch's tensors). Each path through the hook has fixed frames
+for one build of the library, so offsets from the stack pointer at the syscall tell the cases apart:
 
-* ``caller_off``: the trampoline's caller. Inside libucm, the hook is dispatching someone else's mmap. Outside
-  libucm, UCX is mapping memory for itself (libucs's registration cache asking for its chunks): UCX's.
-* ``dispatch_off``: the return address into the code that called the hooked function.
+* ``caller_off`` (per trampoline site): the trampoline's caller. Inside libucm, the hook is dispatching someone
+  else's mmap. Outside libucm, UCX is mapping memory for itself (libucs's registration cache asking for its
+  chunks): UCX's.
+* ``dispatch_off`` (per dispatch path, keyed by that caller, checked by the hook's outermost return address
+  at ``last_off``): the return address into the code that called the hooked function.
 
-They are learned once per library build from one hooked call's stack window (an LT_EV_HOOKWIN event), by
+They are learned once per library build and path from one hooked call's stack window (LT_EV_HOOKWIN), by
 walking the frames from the syscall up with the library's unwind tables (``.eh_frame``, decoded by
 pyelftools) rather than by scanning: a scan can take a stale return address, left in a frame's padding
 slot, for the caller (seen: 10 of 46 rcache chunks blamed on libpython that way).
