@@ -380,6 +380,26 @@ def _node_hunts() -> dict[int, Path]:
     return found
 
 
+def _lock_holders() -> set[int]:
+    """Host pids holding a leaktrace target lock on a process of another PID namespace (a node's: the lock file
+    names the namespace, leaktrace/targetlock.py). A hunt that is tearing down holds its locks after its
+    command line reads empty (the kernel frees the memory before the files)."""
+    here = f"-ns{os.stat('/proc/self/ns/pid').st_ino}.lock"
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                target = os.readlink(fd)
+                if ("/leaktrace-locks/" in target or target.startswith("/run/leaktrace/")) and not target.endswith(here):
+                    found.add(int(entry.name))
+                    break
+        except OSError:
+            continue
+    return found
+
+
 def wheel_venv(root: Path) -> Path:
     """A Python environment that holds leaktrace as a fleet installs it — the wheel built from this checkout,
     no repository on sys.path — beside the project's dependencies (Ray, pandas, …) taken from the repository's

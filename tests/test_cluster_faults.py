@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import NodeFixture, _missing, _node, _node_hunts, _why
+from cluster_helpers import NodeFixture, _lock_holders, _missing, _node, _node_hunts, _why
 from conftest import REPO, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -117,7 +117,9 @@ def test_driver_killed_leaves_no_hunt_no_stopped_target(faults_cluster, tmp_path
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
-    assert wait_for(lambda: not _node_hunts(), timeout=90), _node_hunts()
+    # ... and have let go of their targets (the next test hunts the same ones: once it found lt-doomed's
+    # target still locked by a hunt whose command line already read empty)
+    assert wait_for(lambda: not _node_hunts() and not _lock_holders(), timeout=90), (_node_hunts(), _lock_holders())
     for name in ("lt-head", "lt-doomed"):
         node, pid = faults_cluster.node(name), faults_cluster.fixtures[name].pid
         assert _state(node, pid) in ("R", "S", "D"), f"{name}: leaker state {_state(node, pid)!r}"
