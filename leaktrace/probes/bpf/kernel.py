@@ -68,13 +68,11 @@ class KernelSide:
         oids = array("I")
         ids, origins = self._korigin_ids, self._korigins
 
-        callers = self._hook_callers
-
         def fill(items: Any, cols: list[array], oids: array) -> None:
             tg, st, en, sq = cols
             for k, v in items:
-                o = callers.get((k.tgid, v.tid)) if callers else None
-                if o is not None and v.fd == ANON_FD and self.scanner.in_libc(k.tgid, v.site):
+                o = self._hook_caller_of(k.tgid, v)
+                if o is not None:
                     key = (o.kind, o.site, o.ip, o.stack_id)  # a hooked malloc chunk sent without a window
                 else:
                     key = (_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
@@ -133,12 +131,19 @@ class KernelSide:
     def _put_back(self, tgid: int, start: int, val: Region) -> None:
         self.prog[b"regions"][RegionKey(tgid, 0, start)] = val
 
-    def _kernel_region_origin(self, tgid: int, v: Region) -> Origin:
-        """A kernel region's origin. A malloc chunk mapped through a memory hook without a stack window (the
-        kernel sends one per thread per few ms: bpf/leaktrace.bpf.c) has libc's site: it takes the caller its
-        thread's last window named (a thread's burst of chunks has one caller)."""
+    def _hook_caller_of(self, tgid: int, v: Region) -> Origin | None:
+        """A malloc chunk mapped through a memory hook without a stack window (the kernel sends one per thread
+        per few ms: bpf/leaktrace.bpf.c) is a kernel region with libc's site: the origin its thread's last window
+        named (a thread's burst of chunks has one caller). None for any other region."""
         o = self._hook_callers.get((tgid, v.tid)) if self._hook_callers else None
         if o is not None and v.fd == ANON_FD and self.scanner.in_libc(tgid, v.site):
+            return o
+        return None
+
+    def _kernel_region_origin(self, tgid: int, v: Region) -> Origin:
+        """A kernel region's origin (a hooked malloc chunk's: see :meth:`_hook_caller_of`)."""
+        o = self._hook_caller_of(tgid, v)
+        if o is not None:
             return Origin(o.kind, t_born=v.seq, site=o.site, ip=o.ip, stack_id=o.stack_id, tid=v.tid)
         return self._origin_of(v)
 

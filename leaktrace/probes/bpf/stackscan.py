@@ -106,7 +106,7 @@ class StackScanner:
         # (pid, caller found) -> the return addresses of the first window that named it (the stack shown)
         self.chains: dict[tuple[int, int], list[int]] = {}
         self._ranges: dict[int, tuple[list[MapEntry], np.ndarray, np.ndarray]] = {}
-        self._runtime: dict[str, bool] = {}  # mapped file -> is libc / ld.so
+        self._runtime: dict[str, str | None] = {}  # mapped file -> "libc" (libc, ld.so), "hook" (libucm) or None
         self._addr_cache: dict[int, tuple[list[MapEntry], dict[int, tuple[bool, bool | None]]]] = {}
         self._malloc_addr: dict[tuple[int, int], bool] = {}  # (pid, libc return address) -> in malloc & co.
         self._frames: dict[tuple[str, int], int | None] = {}  # (file, -offset of a syscall's ip) -> frame size
@@ -196,21 +196,27 @@ class StackScanner:
 
     def in_libc(self, pid: int, addr: int) -> bool:
         """Is ``addr`` in libc or ld.so (not a memory hook)?"""
-        return bool(self._runtime_of(pid, addr)) and not self._hook_of(pid, addr)
+        return self._runtime_class(pid, addr) == "libc"
 
     def _runtime_of(self, pid: int, addr: int) -> bool | None:
         m = self.symbols.mapping(pid, addr)
         if m is None or not m.path or m.path.startswith("["):
             return None
-        hit = self._runtime.get(m.path)
-        if hit is None:
-            name = os.path.basename(m.path.removesuffix(" (deleted)"))
-            hit = self._runtime[m.path] = bool(LIBC_LIBRARY.match(name) or MEMORY_HOOK_LIBRARY.match(name))
-        return hit
+        return self._class_of_file(m.path) is not None
 
-    def _hook_of(self, pid: int, addr: int) -> bool:
+    def _runtime_class(self, pid: int, addr: int) -> str | None:
+        """"libc" (libc, ld.so), "hook" (a memory hook) or None (anything else, or no named file)."""
         m = self.symbols.mapping(pid, addr)
-        return m is not None and bool(MEMORY_HOOK_LIBRARY.match(os.path.basename(m.path.removesuffix(" (deleted)"))))
+        if m is None or not m.path or m.path.startswith("["):
+            return None
+        return self._class_of_file(m.path)
+
+    def _class_of_file(self, path: str) -> str | None:
+        if path not in self._runtime:
+            name = os.path.basename(path.removesuffix(" (deleted)"))
+            self._runtime[path] = ("libc" if LIBC_LIBRARY.match(name) else
+                                   "hook" if MEMORY_HOOK_LIBRARY.match(name) else None)
+        return self._runtime[path]
 
     def return_addresses(self, pid: int, window: bytes, to_caller: bool = False) -> list[int]:
         """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first; with
