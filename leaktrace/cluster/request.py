@@ -14,8 +14,11 @@ NODES_DIR = "nodes"
 INSTALL_HINT = "pip install 'leaktrace[cluster]'"
 # Seconds a node may take beyond --duration: Ray worker start, probe attach, report rendering, transfer.
 DEFAULT_GRACE_S = 120.0
-# After Ctrl-C: how long the driver waits for the stopped node hunts to answer with their sessions.
-STOP_GRACE_S = 60.0
+# After Ctrl-C: how long the driver waits for the stopped node hunts to answer with their sessions. As long
+# as DEFAULT_GRACE_S and more: a stopped hunt on a loaded node still joins its gdb and Python-heap threads,
+# makes its last walks, drains eBPF and renders its report, and the stop task needs a Ray worker of its own
+# first. A second Ctrl-C stops waiting.
+STOP_GRACE_S = 180.0
 
 
 @dataclass
