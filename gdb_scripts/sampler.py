@@ -3,7 +3,8 @@
 Handling a stop here costs ~0.2 ms (the target sees ~0.4 ms per stop, bench/bench_gdb.py); driving
 every stop over MI from another process costs ~1.5–4 ms. The driver (leaktrace/probes/gdb/attach.py) talks to gdb over MI only to start and stop this program:
 
-    leaktrace-sample CONFIG.json   attach to config["pid"] and sample in the background (returns at once)
+    leaktrace-sample CONFIG.json   attach to config["pid"] and let it run (returns at once)
+    leaktrace-begin                read the symbols, then sample in the background (returns at once)
     leaktrace-stop [REASON]        detach now (idempotent)
 
 How it samples: ``catch syscall mmap munmap mremap`` (PTRACE_SYSCALL: writes no code into the target,
@@ -12,12 +13,13 @@ stops twice (entry and exit); the entry stop is resumed at once, the exit stop r
 the backtrace, then resumes the thread. Signals pass through untouched (sampler_settings.gdb).
 
 Attach sequence: ``attach`` (every thread stops; shared-library symbols are *not* read then), ``continue
--a &`` at once (the whole-process pause is ``attach_s``, ~0.1–0.2 s even with torch loaded, against
-~8 s when gdb reads torch's symbols first), then ``sharedlibrary`` while the target runs
-(``symbols_s``), the catchpoint, and ``interrupt -a`` so that each thread is resumed once more, now
-under syscall tracing. The one byte gdb itself writes while attached is its dynamic-linker event
-breakpoint in ld.so (it tracks dlopen); detach removes it, and tests check every end path leaves the
-target's code identical to its files.
+-a &`` at once, and a stop handler that resumes each further thread as its attach stop reaches gdb's event
+loop; the driver waits until no thread of the target is in a ptrace stop (the whole-process pause is
+``attach_s``, ~0.1–0.2 s even with torch loaded, against ~8 s when gdb reads torch's symbols first), then
+``leaktrace-begin``: ``sharedlibrary`` while the target runs (``symbols_s``), the catchpoint, and
+``interrupt -a`` so that each thread is resumed once more, now under syscall tracing. The one byte gdb
+itself writes while attached is its dynamic-linker event breakpoint in ld.so (it tracks dlopen); detach
+removes it, and tests check every end path leaves the target's code identical to its files.
 
 Output: JSON lines appended to config["out"], one object per line:
     {"type": "attached", "pid", "t_mono", "attach_s", "symbols_s", "threads", "python": status,
@@ -273,6 +275,7 @@ class Sampler:
         self.recent_stops = collections.deque()
         self.in_syscall = set()  # tids stopped at a caught syscall's entry, whose exit stop comes next
         self.t_start = 0.0
+        self.t_attach = 0.0
         self.state_before = None
 
     # -- output
@@ -281,36 +284,63 @@ class Sampler:
 
     # -- lifecycle
     def start(self):
+        """First half of the attach (``leaktrace-sample``): attach and let every thread run again. The
+        driver then waits, with gdb back in its event loop, until no thread of the target is in a ptrace
+        stop, and calls begin() (``leaktrace-begin``)."""
         self.state_before, tracer = proc_state(self.pid)
         if self.state_before is None:
             raise gdb.GdbError(f"leaktrace: no such process {self.pid}")
         if tracer:
             raise gdb.GdbError(f"leaktrace: process {self.pid} is already traced by pid {tracer}")
         gdb.execute("source " + SETTINGS, to_string=True)
-        # Symbols of the shared libraries are read after the process runs again (the settings turn
-        # auto-solib-add off): with large libraries (torch) reading them takes seconds, and the
-        # attach stops every thread until the first `continue`.
-        t0 = time.monotonic()
+        # In non-stop mode `attach` returns once the main thread has stopped; the other threads' attach
+        # stops reach gdb later, from its event loop, and each such thread stays stopped (non-stop) until
+        # something resumes it: `continue -a &` only resumes the threads already seen stopped. Until the
+        # sampling handler exists, this one resumes them as they come; the event loop runs between the
+        # two commands. (Reading the shared-library symbols within this command kept a 48-thread torch
+        # process stopped for all of it: 3 s here, 20 s in a loaded vLLM worker.)
+        gdb.events.stop.connect(self.on_attach_stop)
+        gdb.events.gdb_exiting.connect(self.on_gdb_exiting)  # detach first, whenever gdb exits
+        self.t_attach = time.monotonic()
         gdb.execute(f"attach {self.pid}", to_string=True)
         gdb.execute("continue -a &", to_string=True)
         arch = gdb.selected_inferior().architecture().name()
         if arch != "i386:x86-64":  # registers read below follow the x86-64 syscall ABI
             raise gdb.GdbError(f"leaktrace: the sampler supports x86-64 targets only, not {arch}")
-        attach_s = time.monotonic() - t0
+
+    def on_attach_stop(self, event):
+        """A thread's attach stop, seen after `continue -a &`: resume it (no sampling yet)."""
+        thread = getattr(event, "inferior_thread", None) or gdb.selected_thread()
+        if thread is None or not thread.is_valid() or thread.inferior.pid != self.pid or self.ended:
+            return
+        try:
+            if gdb.selected_thread() != thread:
+                thread.switch()
+            gdb.execute("continue &", to_string=True)
+        except gdb.error as e:
+            self.end_soon(f"resume failed: {e}")
+
+    def begin(self):
+        """Second half (``leaktrace-begin``): the symbols, read while the target runs, then sampling."""
+        if self.ended:
+            raise gdb.GdbError("leaktrace: the sampler already ended")
+        # The whole process was stopped (threads in turn) from the attach until now at most: that
+        # one-off cost is reported as attach_s and kept out of the per-stop budget (it would eat a short
+        # budget alone).
+        attach_s = time.monotonic() - self.t_attach
+        t0 = time.monotonic()
         gdb.execute("sharedlibrary", to_string=True)
-        self.symbols_s = time.monotonic() - t0 - attach_s
+        self.symbols_s = time.monotonic() - t0
         self.libs = LibraryRanges(self.pid)
         self.python.load()
+        gdb.events.stop.disconnect(self.on_attach_stop)
         gdb.events.stop.connect(self.on_stop)
         gdb.events.exited.connect(self.on_exited)
-        gdb.events.gdb_exiting.connect(self.on_gdb_exiting)
         self.active = True
         self.catchpoint = self._catch_syscalls()
         # Threads resumed before the catchpoint existed run under PTRACE_CONT and would never stop
         # at a syscall: stop each once (on_stop resumes it at once, now with syscall tracing).
         gdb.execute("interrupt -a", to_string=True)
-        # The whole process was stopped during the attach: that one-off cost is reported as attach_s
-        # and kept out of the per-stop budget (it would eat a short budget alone).
         self.t_start = time.monotonic()
         self.emit({"type": "attached", "pid": self.pid, "t_mono": self.t_start, "attach_s": attach_s,
                    "symbols_s": self.symbols_s, "threads": len(gdb.selected_inferior().threads()),
@@ -330,7 +360,8 @@ class Sampler:
             return
         self.ended = True
         self.active = False
-        for event, handler in ((gdb.events.stop, self.on_stop), (gdb.events.exited, self.on_exited)):
+        for event, handler in ((gdb.events.stop, self.on_stop), (gdb.events.stop, self.on_attach_stop),
+                               (gdb.events.exited, self.on_exited)):
             try:
                 event.disconnect(handler)
             except Exception:  # noqa: BLE001
@@ -526,6 +557,24 @@ class SampleCommand(gdb.Command):
             raise gdb.GdbError(f"leaktrace: attach failed: {e}") from None
 
 
+class BeginCommand(gdb.Command):
+    """leaktrace-begin: read the symbols and start sampling (after leaktrace-sample, once the target runs)."""
+
+    def __init__(self, sample_command):
+        super().__init__("leaktrace-begin", gdb.COMMAND_USER)
+        self.sample_command = sample_command
+
+    def invoke(self, argument, from_tty):
+        sampler = self.sample_command.sampler
+        if sampler is None:
+            raise gdb.GdbError("leaktrace: leaktrace-sample first")
+        try:
+            sampler.begin()
+        except gdb.error as e:
+            sampler.finish(f"attach failed: {e}")
+            raise gdb.GdbError(f"leaktrace: attach failed: {e}") from None
+
+
 class StopCommand(gdb.Command):
     """leaktrace-stop [REASON]: detach now."""
 
@@ -540,4 +589,5 @@ class StopCommand(gdb.Command):
 
 
 _sample_command = SampleCommand()
+BeginCommand(_sample_command)
 StopCommand(_sample_command)

@@ -98,6 +98,27 @@ def test_stacks_name_hook_then_stripped_library_and_addresses_match_regions(spaw
     assert_running_untraced(target.pid)
 
 
+def test_attach_pauses_a_many_threaded_process_only_briefly(spawn, tmp_path):
+    """The attach stops every thread; gdb must resume them all before it reads the shared libraries'
+    symbols (seconds for large libraries), not after. A process whose progress needs its other threads
+    (a vLLM worker's step) made no progress for the whole symbol reading otherwise: 3 s for a torch
+    process here, 20 s for a loaded vLLM worker (its UCX leak looked flat in the ledger meanwhile)."""
+    beats = tmp_path / "heartbeat"
+    target = spawn([sys.executable, REPO / "tests" / "targets" / "threaded_heartbeat.py", beats])
+    assert wait_for(lambda: beats.exists() and len(beats.read_text().split()) > 20, timeout=30)
+    t0 = time.monotonic()
+    run = sample_process(target.pid, max_samples=1, max_seconds=3)
+    t1 = time.monotonic()
+    assert run.threads >= 40 and run.symbols_s > 0, run
+    assert wait_for(lambda: tracer_of(target.pid) == 0 and proc_state(target.pid) not in (None, "T", "t"), 15)
+    time.sleep(0.5)
+    ts = [float(x) for x in beats.read_text().split()]
+    during = [b - a for a, b in zip(ts, ts[1:], strict=False) if b >= t0 and a <= t1 + 0.5]
+    assert during and ts[-1] > t1, "the heartbeat stopped"
+    # Stopped for the attach (attach_s) at most, not for the symbol reading that follows it.
+    assert max(during) <= run.attach_s + 0.5 * run.symbols_s + 0.2, (max(during), run.attach_s, run.symbols_s)
+
+
 def test_pause_budget_ends_sampling_and_detaches(spawn, gdb_target_bin):
     target = spawn([gdb_target_bin, "--threads", "4", "--per-thread-per-s", "200"])
     t0 = time.monotonic()

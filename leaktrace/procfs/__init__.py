@@ -59,6 +59,7 @@ __all__ = [
     "read_smaps_rollup",
     "read_stat",
     "read_status",
+    "read_task_states",
     "read_sysctl",
     "require_pid",
     "stat_field",
@@ -133,6 +134,24 @@ def read_status(pid: int) -> dict[str, str]:
 
 def read_stat(pid: int) -> dict[str, object]:
     return parse_stat(read_proc_text(pid, "stat"))
+
+
+def read_task_states(pid: int) -> dict[int, str]:
+    """The state letter of each thread of ``pid`` (R, S, D, T, t…), from /proc/PID/task/TID/stat. A thread
+    that ends while they are read is left out; the process gone raises ProcessGone."""
+    try:
+        tids = [int(t) for t in os.listdir(f"{PROC}/{pid}/task") if t.isdigit()]
+    except FileNotFoundError as e:
+        raise ProcessGone(pid, "task") from e
+    except PermissionError as e:
+        raise AccessDenied(pid, f"/proc/{pid}/task") from e
+    out = {}
+    for tid in tids:
+        try:
+            out[tid] = str(parse_stat(read_proc_text(pid, f"task/{tid}/stat"))["state"])
+        except ProcessGone:
+            continue
+    return out
 
 
 def read_self_status() -> dict[str, str]:

@@ -26,6 +26,9 @@ Never harm the target:
   running before the attach gets SIGCONT.
 - The attach stops the whole process briefly (``attach_s``, 0.1–0.2 s, torch loaded or not: symbols
   are read afterwards while it runs, ``symbols_s``); it is reported apart from the per-stop budget.
+  The symbols are read by a second command, once /proc shows no thread of the target in a ptrace stop:
+  gdb resumes the threads whose attach stops it sees from its event loop, which does not run while a
+  command does (read within the first command, a loaded vLLM worker stayed stopped for 20 s).
   The probe samples each process once per hunt.
 """
 
@@ -43,12 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leaktrace.errors import GdbUnavailable, NoSuchProcess
+from leaktrace import procfs
+from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
 MI_ASYNC_ON = "-gdb-set mi-async on"
 MI_RUN_SAMPLER = '-interpreter-exec console "leaktrace-sample {config}"'
+MI_BEGIN_SAMPLER = '-interpreter-exec console "leaktrace-begin"'
 MI_STOP_SAMPLER = '-interpreter-exec console "leaktrace-stop {reason}"'
 MI_EXIT = "-gdb-exit"
 
@@ -153,6 +158,9 @@ class GdbAttach:
         self._mi(MI_ASYNC_ON, timeout=20)
         self.run.t_start_mono = time.monotonic()
         error = self._mi(MI_RUN_SAMPLER.format(config=self.config_path), timeout=120)
+        if not error:
+            self._wait_threads_running()
+            error = self._mi(MI_BEGIN_SAMPLER, timeout=120)
         self.poll()
         if error:
             self.close()
@@ -162,6 +170,18 @@ class GdbAttach:
                 raise GdbUnavailable(f"ptrace not permitted on pid {self.pid}: {_one_line(error)}")
             raise GdbUnavailable(f"gdb could not attach to pid {self.pid}: {_one_line(error)}",
                                  "see `leaktrace doctor`, or pass --gdb-samples 0 or --no-gdb")
+
+    def _wait_threads_running(self, timeout: float = 5.0) -> None:
+        """Until no thread of the target is in a ptrace stop (state ``t``): gdb resumes each as its
+        attach stop comes in. Bounded: a thread stopped for another reason must not hold the attach."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if "t" not in procfs.read_task_states(self.pid).values():
+                    return
+            except LeaktraceError:
+                return  # gone or unreadable: the next command says so
+            time.sleep(0.01)
 
     def _mi(self, command: str, timeout: float) -> str | None:
         """Send one MI command and wait for its result record; returns the error message, if any.
