@@ -181,8 +181,9 @@ def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings:
                           f"ledger holds there), {top.regions} region(s) from call site {site}")
 
 
-def _gdb_stacks_through(reader: TableSource, pid: int, site: str) -> list[list[str]]:
-    """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site."""
+def _gdb_stacks_through(reader: TableSource, pid: int, site: str, then: str | None = None) -> list[list[str]]:
+    """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site and,
+    when ``then`` is given, its caller there after it."""
     df = gdb_samples(reader)
     if df.empty or "stack" not in df.columns:
         return []
@@ -191,7 +192,12 @@ def _gdb_stacks_through(reader: TableSource, pid: int, site: str) -> list[list[s
         df = df[df["error"] == 0]
     if "syscall" in df.columns:
         df = df[df["syscall"].isin(("mmap", "mremap"))]
-    return [[str(f) for f in st] for st in df["stack"] if st is not None and site in [str(f) for f in st]]
+    out = []
+    for st in df["stack"]:
+        frames = [str(f) for f in st] if st is not None else []
+        if site in frames and (then is None or then in frames[frames.index(site) + 1:]):
+            out.append(frames)
+    return out
 
 
 def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[str]) -> None:
@@ -206,9 +212,14 @@ def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[
         scanned = c.extra.get("stack_method") == "stack-scan"
         site = next((f for f in c.stack if c.library and f.startswith(c.library)), None) if scanned \
             else (c.stack[1] if len(c.stack) >= 2 else None)
+        # ... and through the site's caller too, when the ledger knows it: a site shared by unrelated
+        # paths (UCX's raw-mmap trampoline maps the rcache's chunks and, through its hook, everyone's
+        # malloc chunks) would otherwise take the most frequent path's stack, not this culprit's.
+        at = c.stack.index(site) if site in c.stack else -1
+        then = c.stack[at + 1] if 0 <= at < len(c.stack) - 1 and not c.stack[at + 1].startswith("?") else None
         try:
             if site is not None:
-                matching = _gdb_stacks_through(reader, c.pid, site)
+                matching = _gdb_stacks_through(reader, c.pid, site, then)
                 if not matching:
                     continue
                 counts: dict[tuple[str, ...], int] = {}
