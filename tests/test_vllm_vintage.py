@@ -9,12 +9,17 @@ pair runs in a private network namespace (tests/targets/vintage_pd.py); ``leaktr
 the same namespace (it scrapes /metrics on 127.0.0.1) with no tuning flags. Both session directories are
 kept in ``vintage_sessions`` for ``leaktrace compare BEFORE AFTER``.
 
-Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py collects it only then); 7-10 min on 2 cores. Why not in
-CI yet: the workload, not the tool. In 2 of 6 runs the leak pair's traffic stalled during the hunt (the KV
-pull waits on the prefill's lease: requests of 25-33 s with two clients), so UCX's queue stopped growing: in a
-clean-clone CI run the decode worker's libucm chunks grew 2.9 -> 9.2 MB in the hunt's first 29 s, then not at
-all, and the hunt said no-leak ("no process grows >= 1.0 MB/min steadily"). Traffic that never stalls (more
-clients, or no lease expiry) is what would put it in CI.
+Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py collects it only then); ~8 min on 2 cores. Why not in
+CI yet. (1) The pair's traffic stalled: a decode's KV read sometimes completes only when the prefill's
+lease on the blocks expires (30 s by default; in a CI run no completion for the hunt's last 43 s, no-leak).
+Now: a 6 s lease and 4 clients (tests/targets/vintage_pd.py), 60 s of load before the hunt, a 90 s hunt.
+(2) The hunt stalled the leaking worker: gdb's attach kept its threads stopped while gdb read the symbols
+(20 s; fixed in the sampler), and gdb's sampling of the loaded worker still pauses its main thread for
+seconds (8.3 s over 51 stops in one run, against a 0.3 s budget checked after each stop). The leak's
+outstanding bytes then grow in bursts, and the ledger's Theil-Sen rate (7.2 MB/min) fell short of /proc's
+least-squares growth over the window (12.2; UCX's chunks alone grew 12.3 on average). Last run: the leak
+named in the prefill worker with the rcache path, the control clean, compare fixed / regressed, the rate
+outside 25% of /proc.
 The hunt runs while the load does; the load stops when the hunt's traced window ends (its "attached" line
 plus HUNT_S), so its stop and report run without it.
 
@@ -60,7 +65,8 @@ import vintage_pd  # noqa: E402
 # The module fixture (two pairs, two hunts) runs inside the first test's time: ~10 min, more under load.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-HUNT_S = int(os.environ.get("LEAKTRACE_VINTAGE_HUNT_S", "60"))
+HUNT_S = int(os.environ.get("LEAKTRACE_VINTAGE_HUNT_S", "90"))
+WARMUP_S = 60
 CHUNK = 151552  # one mpool chunk of UCX's rcache invalidation queue (148 KiB), mapped by ucm's raw mmap
 UCX_LIB = re.compile(r"(?:^|/)libuc[ms](?:-[0-9a-f]{8})?\.so")
 
@@ -123,9 +129,11 @@ def _hunt(setting: str, out: Path) -> VintageRun:
         wpids = {role: w[0] for role, w in workers.items()}
         load = vintage_pd.Load(pair.ns, pair.proxy.url)
         load.start()
-        # Warm-up: the NIXL handshake and the first transfers, before the hunt.
-        deadline = time.monotonic() + 180
-        while load.ok < 4 and time.monotonic() < deadline:
+        # Warm-up: the NIXL handshake, the first transfers and WARMUP_S of load before the hunt (the
+        # workers' own warm-up: oneDNN's primitive cache fills with the batch shapes 4 clients make).
+        started = time.monotonic()
+        deadline = started + 240
+        while (load.ok < 4 or time.monotonic() - started < WARMUP_S) and time.monotonic() < deadline:
             time.sleep(1)
         assert load.ok >= 1, f"no completion through the vintage proxy:\n{pair.decode.tail()}"
         sampler = RssSampler(list(wpids.values()))

@@ -56,7 +56,14 @@ NS_ADDR, NS_PEER = "10.77.0.1/24", "10.77.0.2/24"
 CLONE_NEWNET = 0x40000000
 
 # NIXL's UCX backend with one worker thread (vLLM's default is 4): fewer busy-polling threads on 2 cores.
-KV = {**vllm_servers.NIXL_KV, "kv_connector_extra_config": {"num_threads": int(os.environ.get("VINTAGE_NIXL_THREADS", "1"))}}
+# A KV lease of 6 s (vLLM's default is 30): here a decode's KV read sometimes completes only when the prefill
+# worker's lease on those blocks expires (one read took 30.2 s with the default, both servers idle meanwhile:
+# every client waiting, no munmaps, UCX's queue not growing). With 6 s and 4 clients: ~29 requests/min and a
+# completion in every 10 s of 190 s (longest read 11.5 s, 1 lease expired); with 30 s and 2 clients, windows
+# of 20-30 s without a completion, and in a CI run none for the hunt's last 43 s.
+KV = {**vllm_servers.NIXL_KV, "kv_connector_extra_config": {
+    "num_threads": int(os.environ.get("VINTAGE_NIXL_THREADS", "1")),
+    "kv_lease_duration": int(os.environ.get("VINTAGE_KV_LEASE", "6"))}}
 
 # The leak on: vLLM 0.32 sets UCX_RCACHE_MAX_UNRELEASED=1024 itself unless the variable is already set.
 LEAK = "inf"
@@ -239,7 +246,7 @@ def prompt(i: int, words: int = 120) -> str:
 class Load(threading.Thread):
     """Completions through the proxy from inside the namespace, ``concurrency`` at a time, until stopped."""
 
-    def __init__(self, ns: NetNs | None, url: str, concurrency: int = 2, max_tokens: int = 8,
+    def __init__(self, ns: NetNs | None, url: str, concurrency: int = 4, max_tokens: int = 8,
                  words: int = 120) -> None:
         super().__init__(daemon=True)
         self.ns, self.url, self.concurrency, self.max_tokens, self.words = ns, url, concurrency, max_tokens, words
@@ -313,7 +320,7 @@ def main() -> None:
     print(f"ready in {time.monotonic() - t0:.0f}s: prefill {pair.prefill.pid} decode {pair.decode.pid} "
           f"proxy {pair.proxy.pid} ns holder {pair.ns.pid}", flush=True)
     try:
-        load = Load(pair.ns, pair.proxy.url, int(os.environ.get("CONC", "2")), int(os.environ.get("MAXTOK", "8")),
+        load = Load(pair.ns, pair.proxy.url, int(os.environ.get("CONC", "4")), int(os.environ.get("MAXTOK", "8")),
                     int(os.environ.get("WORDS", "120")))
         if secs > 0:
             load.start()
