@@ -12,7 +12,8 @@ kept in ``vintage_sessions`` for ``leaktrace compare BEFORE AFTER``.
 Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py collects it only then); ~8 min on 2 cores. Why not in
 CI yet. (1) The pair's traffic stalled: a decode's KV read sometimes completes only when the prefill's
 lease on the blocks expires (30 s by default; in a CI run no completion for the hunt's last 43 s, no-leak).
-Now: a 6 s lease and 4 clients (tests/targets/vintage_pd.py), 60 s of load before the hunt, a 90 s hunt.
+Now: 4 clients (tests/targets/vintage_pd.py), 60 s of load before the hunt, a 90 s hunt. (The runs below
+had a 6 s lease, dropped since: half the requests' KV expired before the decode read it.)
 (2) The hunt stalled the leaking worker: gdb's attach kept its threads stopped while gdb read the symbols
 (20 s; fixed in the sampler), and gdb's sampling of the loaded worker still pauses its main thread for
 seconds (8.3 s over 51 stops in one run, against a 0.3 s budget checked after each stop). The leak's

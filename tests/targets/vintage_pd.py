@@ -56,14 +56,15 @@ NS_ADDR, NS_PEER = "10.77.0.1/24", "10.77.0.2/24"
 CLONE_NEWNET = 0x40000000
 
 # NIXL's UCX backend with one worker thread (vLLM's default is 4): fewer busy-polling threads on 2 cores.
-# A KV lease of 6 s (vLLM's default is 30): here a decode's KV read sometimes completes only when the prefill
-# worker's lease on those blocks expires (one read took 30.2 s with the default, both servers idle meanwhile:
-# every client waiting, no munmaps, UCX's queue not growing). With 6 s and 4 clients: ~29 requests/min and a
-# completion in every 10 s of 190 s (longest read 11.5 s, 1 lease expired); with 30 s and 2 clients, windows
-# of 20-30 s without a completion, and in a CI run none for the hunt's last 43 s.
+# The KV lease stays vLLM's default (30 s; VINTAGE_KV_LEASE to try others). A decode's KV read sometimes takes
+# as long as the lease (one read of 30.2 s, both servers idle meanwhile: every client waiting, no munmaps, UCX's
+# queue not growing). A 6 s lease with 4 clients gave steadier traffic (~29 requests/min, a completion in every
+# 10 s of 190 s) but is no deployment: 43 of 88 requests' blocks expired before the decode read them, and the
+# decode read KV the prefill had already released ("Potentially invalid KV blocks"). With 30 s and 2 clients:
+# windows of 20-30 s without a completion; with 4 clients ~25 requests/min, one such window in 200 s.
 KV = {**vllm_servers.NIXL_KV, "kv_connector_extra_config": {
     "num_threads": int(os.environ.get("VINTAGE_NIXL_THREADS", "1")),
-    "kv_lease_duration": int(os.environ.get("VINTAGE_KV_LEASE", "6"))}}
+    **({"kv_lease_duration": int(os.environ["VINTAGE_KV_LEASE"])} if os.environ.get("VINTAGE_KV_LEASE") else {})}}
 
 # The leak on: vLLM 0.32 sets UCX_RCACHE_MAX_UNRELEASED=1024 itself unless the variable is already set.
 LEAK = "inf"
