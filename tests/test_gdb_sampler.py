@@ -375,3 +375,28 @@ def test_seed002_manual_script(spawn, gdb_target_bin):
     bt = res.stdout.split(returned[0], 1)[1]
     assert bt.index(LEAK_LIB) < bt.index("gdbhook_event_dispatch")  # the stripped library, then the hook
     assert_running_untraced(target.pid)
+
+
+@pytest.mark.bpf
+@pytest.mark.skipif(os.geteuid() != 0, reason="BPF needs root")
+def test_hunt_samples_a_process_whose_ledger_grows_while_its_rss_does_not(tmp_path, spawn, leaker_bin) -> None:
+    """gdb follows the eBPF ledger, not only RSS: mappings made since attach and never touched (RSS flat, so
+    the watcher's 8 MB trigger never fires) grow the ledger's count, and the process gets its gdb stacks."""
+    from leaktrace.probes.gdb.probe import GROWTH_TRIGGER_BYTES, LEDGER_TRIGGER_BYTES
+
+    leak = spawn([leaker_bin, "--leak-kib-per-s", "1024", "--chunk-kib", "256", "--touch", "0"])
+    out = tmp_path / "hunt"
+    r = run_cli("hunt", "--pid", leak.pid, "--duration", "25", "--out", out, timeout=300)
+    assert r.returncode == 0, r.stderr
+    reader = SessionReader(out)
+    roll = reader.table("rollup")
+    roll = roll[roll["pid"] == leak.pid]
+    assert int(roll["rss"].max() - roll["rss"].min()) < GROWTH_TRIGGER_BYTES  # not the RSS trigger
+    snaps = reader.table("ledger_snapshots")
+    held = snaps[snaps["pid"] == leak.pid].groupby("t")["outstanding_bytes"].sum()
+    assert held.iloc[-1] - held.iloc[0] >= LEDGER_TRIGGER_BYTES, held
+    runs = reader.table("gdb_runs")
+    assert leak.pid in set(runs["pid"]), (runs, r.stderr)
+    samples = reader.table("gdb_samples")
+    mine = samples[(samples["pid"] == leak.pid) & (samples["syscall"] == "mmap")]
+    assert len(mine) >= 1, runs

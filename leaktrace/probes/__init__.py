@@ -66,7 +66,8 @@ class LiveFigures:
     field whole (one assignment), so readers in other threads see a complete value."""
 
     rollup: dict[int, dict[str, Any]] = field(default_factory=dict)  # watcher: smaps_rollup row per pid
-    # bpf: outstanding_bytes, events, lost_events, outstanding_by_library {library: bytes}
+    # bpf: outstanding_bytes, events, lost_events, outstanding_by_library {library: bytes},
+    # outstanding_by_pid {pid: bytes} (what each process mapped since attach and still holds)
     bpf: dict[str, Any] = field(default_factory=dict)
     gdb: dict[str, Any] = field(default_factory=dict)  # gdb: runs, samples, paused_s
     vllm_instances: list[dict[str, Any]] = field(default_factory=list)  # vllm: one per server (port, role…)

@@ -128,11 +128,13 @@ class SnapshotRows(KernelSide):
                                                  "kernel_regions": self._kernel_count,
                                                  "header_kind": self.header_kind})
         by_library: dict[str, int] = defaultdict(int)
+        by_pid: dict[int, int] = defaultdict(int)
         for r in rows:
             by_library[r["library"]] += r["outstanding_bytes"]
+            by_pid[r["pid"]] += r["outstanding_bytes"]
         self.ctx.live.bpf = {"outstanding_bytes": total, "events": self._counters["syscalls"],
                                 "lost_events": self._counters["lost_events"],
-                                "outstanding_by_library": dict(by_library)}
+                                "outstanding_by_library": dict(by_library), "outstanding_by_pid": dict(by_pid)}
 
     def ledger_totals(self) -> int:
         live = self.ctx.live.bpf if self.ctx else {}

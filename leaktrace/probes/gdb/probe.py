@@ -17,6 +17,11 @@ from leaktrace.probes.gdb.rows import run_row, sample_row
 DEFAULT_SAMPLES_ON_GROWTH = 20  # --gdb-samples unset: this many per process, once it grows
 DEFAULT_SECONDS_PER_PROCESS = 10.0
 GROWTH_TRIGGER_BYTES = 8 << 20  # RSS above its first reading by this much → worth a few stacks
+# ... or the eBPF ledger's count of what it mapped since attach and still holds, grown by this much since its
+# first snapshot (not the count itself: an API server held 9.6 MB of flat Python arenas there). Exact, so a
+# lower bar, and known at once: a loaded vLLM worker's UCX leak reached 8 MB of RSS 53 s into a 90 s hunt,
+# gdb then read its symbols for 32 s and sampled after the load had stopped (no stack).
+LEDGER_TRIGGER_BYTES = 4 << 20
 
 
 class GdbProbe:
@@ -24,7 +29,8 @@ class GdbProbe:
 
     ``--gdb-samples N`` (N>0): every live process once, N mmap/mremap stacks each (or 10 s, or the
     budget). Unset: only processes whose RSS or anonymous memory grew by ``GROWTH_TRIGGER_BYTES`` since
-    first seen (the watcher's figures), ``DEFAULT_SAMPLES_ON_GROWTH`` stacks each, once. gdb unusable (missing, no
+    first seen (the watcher's figures), or whose ledger count (mapped since attach, still held) grew by
+    ``LEDGER_TRIGGER_BYTES``, ``DEFAULT_SAMPLES_ON_GROWTH`` stacks each, once. gdb unusable (missing, no
     Python, ptrace refused, target already traced) stops the hunt with one line (``GdbUnavailable``,
     exit code 6) unless the user turned gdb off (``--gdb-samples 0`` / ``--no-gdb``)."""
 
@@ -78,6 +84,11 @@ class GdbProbe:
                     first = self._first_seen.setdefault((pid, key), value)
                     if value - first >= GROWTH_TRIGGER_BYTES:
                         self._enqueue(pid)
+            held = self.ctx.live.bpf.get("outstanding_by_pid") or {}
+            for pid in live:
+                if pid in held and held[pid] - self._first_seen.setdefault((pid, "ledger"), held[pid]) \
+                        >= LEDGER_TRIGGER_BYTES:
+                    self._enqueue(pid)
         else:
             for pid in live:
                 self._enqueue(pid)
