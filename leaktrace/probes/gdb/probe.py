@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from typing import Any
@@ -52,8 +51,12 @@ class GdbProbe:
             budget["max_stops_per_s"] = options.gdb_max_stops_per_s
         self.budget = PauseBudget(**budget)
         self.ctx = None
-        self._queue: queue.Queue[int] = queue.Queue()
-        self._queued: set[int] = set()
+        # Processes due for sampling and how far past its trigger each grew (updated every tick): gdb takes one
+        # process at a time, the one growing most first (a loaded vLLM worker's symbols take gdb 30-60 s; its
+        # leak must not wait behind an API server that crossed a trigger at the same tick).
+        self._pending: dict[int, float] = {}
+        self._taken: set[int] = set()
+        self._pending_lock = threading.Lock()
         self._first_seen: dict[tuple[int, str], int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -73,40 +76,51 @@ class GdbProbe:
 
     def _enqueue_due(self) -> None:
         live = self.ctx.targets.live()
-        if self.on_growth_only:
-            rollup = self.ctx.live.rollup
+        if not self.on_growth_only:
             for pid in live:
-                figures = rollup.get(pid) or {}
-                for key in ("rss", "anon"):
-                    value = figures.get(key)
-                    if value is None:
-                        continue
-                    first = self._first_seen.setdefault((pid, key), value)
-                    if value - first >= GROWTH_TRIGGER_BYTES:
-                        self._enqueue(pid)
-            held = self.ctx.live.bpf.get("outstanding_by_pid") or {}
-            for pid in live:
-                if pid in held and held[pid] - self._first_seen.setdefault((pid, "ledger"), held[pid]) \
-                        >= LEDGER_TRIGGER_BYTES:
-                    self._enqueue(pid)
-        else:
-            for pid in live:
-                self._enqueue(pid)
-
-    def _enqueue(self, pid: int) -> None:
-        if pid in self._queued or pid == os.getpid():
+                self._enqueue(pid, 0.0)
             return
-        self._queued.add(pid)
-        self._queue.put(pid)
+        rollup = self.ctx.live.rollup
+        held = self.ctx.live.bpf.get("outstanding_by_pid") or {}
+        for pid in live:
+            figures = dict(rollup.get(pid) or {})
+            if pid in held:
+                figures["ledger"] = held[pid]
+            score = None
+            for key, trigger in (("rss", GROWTH_TRIGGER_BYTES), ("anon", GROWTH_TRIGGER_BYTES),
+                                 ("ledger", LEDGER_TRIGGER_BYTES)):
+                value = figures.get(key)
+                if value is None:
+                    continue
+                grown = (value - self._first_seen.setdefault((pid, key), value)) / trigger
+                if grown >= 1.0:
+                    score = max(score or 0.0, grown)
+            if score is not None:
+                self._enqueue(pid, score)
+
+    def _enqueue(self, pid: int, score: float) -> None:
+        if pid == os.getpid():
+            return
+        with self._pending_lock:
+            if pid not in self._taken:
+                self._pending[pid] = score
+
+    def next_due(self) -> int | None:
+        """The due process that grew most past its trigger (first come first among equals), taken."""
+        with self._pending_lock:
+            if not self._pending:
+                return None
+            pid = max(self._pending, key=lambda p: self._pending[p])
+            del self._pending[pid]
+            self._taken.add(pid)
+            return pid
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                pid = self._queue.get(timeout=0.2)
-            except queue.Empty:
+            pid = self.next_due()
+            if pid is None:
+                self._stop.wait(0.2)
                 continue
-            if self._stop.is_set():
-                break
             self._sample(pid)
 
     def _sample(self, pid: int) -> None:
