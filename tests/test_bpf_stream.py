@@ -27,4 +27,6 @@ def test_tick_keeps_its_pace_under_an_event_stream(spawn, tmp_path):
     t = np.sort(reader.table("rollup")["t"].to_numpy())
     gaps = np.diff(t)
     assert len(t) >= 8 and gaps.max() < 3.0, gaps  # 1 s ticks; a blocked tick shows as one long gap
-    assert np.diff(np.sort(counters["t"].to_numpy())).max() < 3.0
+    # ... and so are the eBPF probe's snapshots in the ticks. The last row is the stop's, written once the ring
+    # has been drained of all it held at stop (up to ~280,000 records: seconds with this stream).
+    assert np.diff(np.sort(counters["t"].to_numpy())[:-1]).max() < 3.0
