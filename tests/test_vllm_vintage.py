@@ -9,20 +9,16 @@ pair runs in a private network namespace (tests/targets/vintage_pd.py); ``leaktr
 the same namespace (it scrapes /metrics on 127.0.0.1) with no tuning flags. Both session directories are
 kept in ``vintage_sessions`` for ``leaktrace compare BEFORE AFTER``.
 
-Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py collects it only then); ~8 min on 2 cores. Why not in
-CI yet. (1) The pair's traffic stalled: a decode's KV read sometimes completes only when the prefill's
-lease on the blocks expires (30 s by default; in a CI run no completion for the hunt's last 43 s, no-leak).
-Now: 4 clients (tests/targets/vintage_pd.py), 60 s of load before the hunt, a 90 s hunt. (The runs below
-had a 6 s lease, dropped since: half the requests' KV expired before the decode read it.)
-(2) The hunt stalled the leaking worker: gdb's attach kept its threads stopped while gdb read the symbols
-(20 s; fixed in the sampler), and gdb's sampling of the loaded worker still pauses its main thread for
-seconds (8.3 s over 51 stops in one run, against a 0.3 s budget checked after each stop). The leak's
-outstanding bytes then grow in bursts, and the ledger's Theil-Sen rate (7.2 MB/min) fell short of /proc's
-least-squares growth over the window (12.2; UCX's chunks alone grew 12.3 on average). Last run: the leak
-named in the prefill worker with the rcache path, the control clean, compare fixed / regressed, the rate
-outside 25% of /proc.
-The hunt runs while the load does; the load stops when the hunt's traced window ends (its "attached" line
-plus HUNT_S), so its stop and report run without it.
+In CI since 2026-12-02 (~10 min on 2 cores; ``LEAKTRACE_VINTAGE=0`` leaves it out of a local run). What
+kept it out before: (1) the pair's traffic stalled (a decode's KV read sometimes completes only when the
+prefill's 30 s lease on the blocks expires); now 4 clients, 60 s of load before the hunt, a 90 s hunt.
+(2) The hunt stalled the leaking worker: gdb's attach kept its threads stopped while gdb read the symbols (20 s;
+fixed in the sampler). (3) The load stopped at the end of the hunt's window, so the hunt's last snapshots (its
+final tick and its stop, 20-40 s later on 2 saturated cores) saw the leak flat and the ledger rated the leak
+from that flat tail (0 MB/min once); the load now runs until the hunt
+exits. Last three runs: the leak named in the prefill worker with the rcache path (8.69, 9.16 and 7.34 MB/min
+against 9.19, 11.15 and 9.20 from /proc), first_named_s 21.8, 20.1 and 9.2, the control clean, compare fixed /
+regressed (confidence 0.87, 0.66, 0.80).
 
 History (2026-12-01). With chunked prefill (32 tokens a step) the prefill worker munmaps ~900/s under load
 and UCX's queue grows by one 148 KiB chunk every ~1.2 s. Until then every mmap of a hooked worker was blamed
@@ -147,10 +143,13 @@ def _hunt(setting: str, out: Path) -> VintageRun:
                                      "--duration", str(HUNT_S), "--out", str(out)],
                                     stdout=subprocess.DEVNULL, stderr=err, text=True, cwd=str(REPO))
         try:
-            # The load and the /proc sampler run through the hunt's traced window: from its "attached" line
-            # to HUNT_S later. Its stop and report then run without the load (they took ~75 s under it).
+            # The /proc sampler runs through the hunt's traced window: from its "attached" line to HUNT_S later.
+            # The load runs until the hunt has exited, as a deployment's would: the hunt's last snapshots (its
+            # final tick and the one at its stop, 20-40 s after the window on 2 saturated cores) then see the
+            # leak go on. (Stopped at the window's end, the load left those snapshots flat, and a ledger rate
+            # read from the last third of the series came out 0 once.)
             window_end = None
-            deadline = t0 + HUNT_S + 300
+            deadline = t0 + HUNT_S + 400
             while hunt.poll() is None and time.monotonic() < deadline:
                 if window_end is None and "] attached " in err_path.read_text():
                     window_end = time.monotonic() + HUNT_S
@@ -159,9 +158,9 @@ def _hunt(setting: str, out: Path) -> VintageRun:
                 time.sleep(0.5)
             t1 = time.monotonic()
             sampler.stop()
-            load.stop()
             hunt.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
+            load.stop()
             if hunt.poll() is None:
                 hunt.kill()
                 hunt.wait()
@@ -241,13 +240,16 @@ def test_vintage_leak_named(vintage_sessions) -> None:
     assert any(re.search(r"ucm_orig_mmap_syscall", f) for f in c["stack"]), c["stack"]
     assert any(re.search(r"libucs.*ucs_mpool_grow", f) for f in c["stack"]), c["stack"]
     # The rate agrees with the worker's growth from /proc (sampled by the test over the hunt's window) within
-    # 25% of it, once what the worker grows by itself is set aside: in some runs its own warm-up (oneDNN's
-    # primitive cache in _C.abi3.so, c10: 0-3 MB/min) grows beside UCX's queue, named as its own culprits
-    # (mmaps through UCX's hook are blamed on their callers). Measured: 6.09 against 6.06 (nothing else named).
+    # 25% of it, as the issue asks. The worker also grows by itself beside UCX's queue (oneDNN's JIT code and
+    # primitive cache in _C.abi3.so, its malloc heap), named as culprits of their own: their ledger rates count
+    # mapped bytes, not resident ones (4.93 + 2.97 MB/min mapped in one run where /proc grew 11.15 and UCX's
+    # fully written chunks 9.16), so they are printed, not subtracted from /proc.
     proc = run.proc_mb_per_min[c["pid"]]
     ucx = sum(x["mb_per_min"] for x in found if x["pid"] == c["pid"])
-    others = sum(x["mb_per_min"] for x in rep["culprits"] if x["pid"] == c["pid"] and x not in found)
-    assert abs(ucx - (proc - others)) <= 0.25 * proc, (ucx, proc, others, found)
+    others = [(x.get("library"), x["mb_per_min"]) for x in rep["culprits"] if x["pid"] == c["pid"] and x not in found]
+    print(f"vintage leak rate: UCX {ucx:.2f} MB/min, worker /proc {proc:.2f}, others named there {others}",
+          file=sys.stderr)
+    assert abs(ucx - proc) <= 0.25 * proc, (ucx, proc, others, found)
     # The remedy names the setting with the value read from the live process (vLLM retitles its
     # processes, so /proc/PID/environ is empty: the value comes from libc's environ in memory).
     assert "UCX_RCACHE_MAX_UNRELEASED=inf" in c["remedy"], c["remedy"]
