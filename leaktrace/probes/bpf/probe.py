@@ -71,10 +71,8 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         # unless the user asked for it explicitly (options.bpf_required).
         self.required = bool(options is not None and options.bpf_required)
         self.poll_interval = poll_interval
-        # 8192 pages (32 MiB, ~280,000 records): a loaded vLLM P/D pair makes 2,000-3,200 traced calls a second,
-        # and on 2 saturated cores the poll thread has gone 20-40 s without draining; 2048 pages (70,000
-        # records) then overflowed (5,748 and 14,470 events lost in two hunts; a lost munmap leaves a freed
-        # region outstanding in the ledger).
+        # 32 MiB, ~280,000 records: a loaded P/D pair makes 2,000-3,200 calls/s and the poll thread has gone 20-40 s
+        # undrained on 2 busy cores (8 MiB lost 5,748 and 14,470 events; a lost munmap leaves a region outstanding).
         self.defines = {"LT_RING_PAGES": 8192, **(defines or {})}
         self.ledger = OutstandingLedger()
         self.symbols = Symbolizer()
