@@ -83,13 +83,11 @@ class GdbProbe:
         rollup = self.ctx.live.rollup
         held = self.ctx.live.bpf.get("outstanding_by_pid") or {}
         for pid in live:
-            figures = dict(rollup.get(pid) or {})
-            if pid in held:
-                figures["ledger"] = held[pid]
+            figures = rollup.get(pid) or {}
             score = None
-            for key, trigger in (("rss", GROWTH_TRIGGER_BYTES), ("anon", GROWTH_TRIGGER_BYTES),
-                                 ("ledger", LEDGER_TRIGGER_BYTES)):
-                value = figures.get(key)
+            for key, value, trigger in (("rss", figures.get("rss"), GROWTH_TRIGGER_BYTES),
+                                        ("anon", figures.get("anon"), GROWTH_TRIGGER_BYTES),
+                                        ("ledger", held.get(pid), LEDGER_TRIGGER_BYTES)):
                 if value is None:
                     continue
                 grown = (value - self._first_seen.setdefault((pid, key), value)) / trigger
