@@ -18,6 +18,6 @@ handle SIGINT nostop noprint pass
 # Forks made by the target are not followed: the child runs untraced (leaktrace samples it on its own).
 set detach-on-fork on
 set follow-fork-mode parent
-# Shared-library symbols are loaded by sampler.py (`sharedlibrary`) once the attached process runs
-# again, not during the attach, when every thread is stopped.
+# Shared-library symbols are read by sampler.py (`leaktrace-symbols`: add-symbol-file) before the attach,
+# never while attached (see sampler.py's docstring).
 set auto-solib-add off

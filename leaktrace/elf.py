@@ -109,6 +109,24 @@ def parse_elf_dynsym(data: bytes) -> ElfInfo:
     return ElfInfo(symbols, first_load or 0)
 
 
+def first_load_vaddr(path: str) -> int:
+    """p_vaddr of the first PT_LOAD, page-aligned down, reading the headers only (a library's load bias
+    is its offset-0 mapping's start minus this). Raises OSError, or ValueError for a file that is not
+    ELF64 little-endian."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or len(head) < 64 or head[4] != 2 or head[5] != 1:
+            raise ValueError(f"{path}: not an ELF64 little-endian file")
+        h = _header(head)
+        f.seek(h[0])
+        phdrs = f.read(h[2] * h[3])
+    for i in range(h[3]):
+        p_type, _flags, _offset, p_vaddr = struct.unpack_from("<IIQQ", phdrs, i * h[2])
+        if p_type == PT_LOAD:
+            return p_vaddr & ~0xFFF
+    return 0
+
+
 # ----------------------------------------------------------------------------- functions by address
 
 @dataclass

@@ -24,11 +24,16 @@ Never harm the target:
   ``gdb_exiting`` handler detaches first.
 - After gdb is gone the driver checks /proc: a target left stopped (state T, no tracer) that was
   running before the attach gets SIGCONT.
-- The attach stops the whole process briefly (``attach_s``, 0.1–0.2 s, torch loaded or not: symbols
-  are read afterwards while it runs, ``symbols_s``); it is reported apart from the per-stop budget.
-  The symbols are read by a second command, once /proc shows no thread of the target in a ptrace stop:
-  gdb resumes the threads whose attach stops it sees from its event loop, which does not run while a
-  command does (read within the first command, a loaded vLLM worker stayed stopped for 20 s).
+- The symbols are read before the attach (``symbols_s``: ``add-symbol-file`` of each library the target
+  maps, at the load bias read here from /proc/PID/maps), never while attached: gdb's event loop does not
+  run during a command, and a thread of the target that meets a ptrace event meanwhile (created, signalled)
+  stays stopped until the command ends. (Read after the attach, a loaded vLLM worker's traffic stopped for
+  20-35 s of a 50-70 s read; within the attach itself, every thread was stopped for 20 s.) A stop during
+  the read kills gdb, which holds nothing of the target yet.
+- The attach stops the whole process briefly (``attach_s``, 0.1–0.2 s, torch loaded or not); it is
+  reported apart from the per-stop budget. Sampling begins by a second command, once /proc shows no
+  thread of the target in a ptrace stop: gdb resumes the threads whose attach stops it sees from its
+  event loop.
   The probe samples each process once per hunt.
 """
 
@@ -49,9 +54,11 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
+from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, symbol_files
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
 MI_ASYNC_ON = "-gdb-set mi-async on"
+MI_LOAD_SYMBOLS = '-interpreter-exec console "leaktrace-symbols {config}"'
 MI_RUN_SAMPLER = '-interpreter-exec console "leaktrace-sample {config}"'
 MI_BEGIN_SAMPLER = '-interpreter-exec console "leaktrace-begin"'
 MI_STOP_SAMPLER = '-interpreter-exec console "leaktrace-stop {reason}"'
@@ -116,14 +123,19 @@ def _gdb_controller_class():
     return SessionGdbController
 
 
+CANCELLED = "stopped while gdb read the symbols (before the attach)"
+
+
 class GdbAttach:
     """One gdb process sampling one pid. ``start()`` attaches (raises on failure), ``poll()`` returns
     new records, ``stop()`` detaches and waits for gdb to go. Use :func:`sample_process` for the loop."""
 
     def __init__(self, pid: int, max_samples: int = 0, max_seconds: float = 0.0,
                  budget: PauseBudget | None = None, workdir: str | None = None, gdb: str | None = None,
-                 max_frames: int = 64, stacks_on_munmap: bool = True) -> None:
+                 max_frames: int = 64, stacks_on_munmap: bool = True,
+                 cancel: threading.Event | None = None) -> None:
         self.pid = pid
+        self.cancel = cancel  # set: give up the symbol read (not attached then: gdb is simply killed)
         self.gdb = gdb or find_gdb()
         if not self.gdb:
             raise GdbUnavailable("gdb not found on PATH")
@@ -151,13 +163,21 @@ class GdbAttach:
         self.state_before = proc_state(self.pid)
         if self.state_before is None:
             raise NoSuchProcess(self.pid)
-        self.config_path.write_text(json.dumps(self.config))
+        self.config_path.write_text(json.dumps({**self.config, "symbol_files": symbol_files(self.pid)}))
         controller_cls = _gdb_controller_class()
         self.controller = controller_cls(command=[self.gdb, "--nx", "--quiet", "--interpreter=mi3",
                                                   "-x", str(SAMPLER_SCRIPT)])
         self._mi(MI_ASYNC_ON, timeout=20)
         self.run.t_start_mono = time.monotonic()
-        error = self._mi(MI_RUN_SAMPLER.format(config=self.config_path), timeout=120)
+        error = self._mi(MI_LOAD_SYMBOLS.format(config=self.config_path), timeout=SYMBOLS_TIMEOUT_S,
+                         cancel=self.cancel)
+        if error == CANCELLED:
+            self.controller.gdb_process.kill()  # attached to nothing: no detach owed
+            self.close()
+            self.run.reason = CANCELLED
+            return
+        if error is None:
+            error = self._mi(MI_RUN_SAMPLER.format(config=self.config_path), timeout=120)
         if not error:
             self._wait_threads_running()
             error = self._mi(MI_BEGIN_SAMPLER, timeout=120)
@@ -183,13 +203,15 @@ class GdbAttach:
                 return  # gone or unreadable: the next command says so
             time.sleep(0.01)
 
-    def _mi(self, command: str, timeout: float) -> str | None:
+    def _mi(self, command: str, timeout: float, cancel: threading.Event | None = None) -> str | None:
         """Send one MI command and wait for its result record; returns the error message, if any.
         Async records read meanwhile are dropped (the samples travel through the JSON-lines file)."""
         assert self.controller is not None
         self.controller.write(command, read_response=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if cancel is not None and cancel.is_set():
+                return CANCELLED
             for r in self.controller.get_gdb_response(timeout_sec=0.2, raise_error_on_timeout=False):
                 if r.get("type") == "result":
                     if r.get("message") == "error":
@@ -333,10 +355,13 @@ def sample_process(pid: int, max_samples: int = 20, max_seconds: float = 10.0, b
     """Attach to ``pid``, sample until ``max_samples`` mmap/mremap stacks, ``max_seconds``, the pause
     budget, ``stop_event`` or the target's exit, then detach. ``on_records(list)`` sees records as
     they come. Raises GdbUnavailable / NoSuchProcess when the attach fails."""
-    attach = GdbAttach(pid, max_samples=max_samples, max_seconds=max_seconds, budget=budget, **kwargs)
+    attach = GdbAttach(pid, max_samples=max_samples, max_seconds=max_seconds, budget=budget, cancel=stop_event,
+                       **kwargs)
     reason = "time"
     try:
         attach.start()
+        if attach.run.reason == CANCELLED:
+            return attach.run
         if on_records:
             on_records(attach.run.records[:])
         deadline = time.monotonic() + max_seconds if max_seconds else None
