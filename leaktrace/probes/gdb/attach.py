@@ -54,7 +54,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
-from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, symbol_files
+from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, symbol_files, symbols_niced
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
 MI_ASYNC_ON = "-gdb-set mi-async on"
@@ -169,8 +169,9 @@ class GdbAttach:
                                                   "-x", str(SAMPLER_SCRIPT)])
         self._mi(MI_ASYNC_ON, timeout=20)
         self.run.t_start_mono = time.monotonic()
-        error = self._mi(MI_LOAD_SYMBOLS.format(config=self.config_path), timeout=SYMBOLS_TIMEOUT_S,
-                         cancel=self.cancel)
+        with symbols_niced(self.controller.gdb_process.pid):
+            error = self._mi(MI_LOAD_SYMBOLS.format(config=self.config_path), timeout=SYMBOLS_TIMEOUT_S,
+                             cancel=self.cancel)
         if error == CANCELLED:
             self.controller.gdb_process.kill()  # attached to nothing: no detach owed
             self.close()
