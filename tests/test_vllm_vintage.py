@@ -9,8 +9,10 @@ pair runs in a private network namespace (tests/targets/vintage_pd.py); ``leaktr
 the same namespace (it scrapes /metrics on 127.0.0.1) with no tuning flags. Both session directories are
 kept in ``vintage_sessions`` for ``leaktrace compare BEFORE AFTER``.
 
-In CI again since 2026-12-02 (about 10 min on 2 cores). It was opt-in after its rate check failed 1 run in
-5: the leaking worker's queue sat flat for 35-40 s in the middle of the hunt. That was gdb, not the pair:
+Opt-in (``LEAKTRACE_VINTAGE=1``; tests/conftest.py), about 10 min on 2 cores. In a clean-clone CI run on
+2026-12-02 its compare test said not-fixed: the UCX culprit was gone after the remedy, but the worker's own
+oneDNN culprit (_C.abi3.so) was named in both hunts (6.1 -> 4.1 MB/min), "still growing after". Its other
+three tests passed there. Before that, its rate check failed 1 run in 5: the leaking worker's queue sat flat for 35-40 s in the middle of the hunt. That was gdb, not the pair:
 each flat stretch fell inside gdb's symbol read for the worker (50-70 s of a full core). Read after the
 attach (vint5, vint6), gdb's event loop stood still and a worker thread that met a ptrace event stayed
 stopped; read before the attach at normal priority (vint7), the worker still grew nothing for ~40 s of a
