@@ -237,10 +237,6 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
                 self.prog.cleanup()
                 self.prog = None
 
-    def ring_records(self) -> int:
-        """The most records the ring can hold at once (each at least an Event and its 8-byte header)."""
-        return self.defines["LT_RING_PAGES"] * 4096 // (8 + (ct.sizeof(Event) + 7) // 8 * 8)
-
     def _drain_at_stop(self) -> None:
         """Untarget every process, then apply all the ring holds. While the targets were still traced, the
         kernel's own regions (read at the final snapshot) ran ahead of the events drained: a library that
