@@ -3,8 +3,9 @@
 
 Two views of a file:
 
-* :func:`elf_info` — the defined ``.dynsym`` symbols by name and the first ``PT_LOAD`` vaddr, cached per
-  file: enough to find an exported variable or function in a live process (``load_bias`` + value).
+* :func:`elf_info` — the defined ``.dynsym`` symbols by name, cached per file, and
+  :func:`first_load_vaddr` (headers only): enough to find an exported variable or function in a live
+  process (``load_bias`` + value).
 * :func:`read_elf_symbols` — the FUNC symbols of ``.symtab`` and ``.dynsym`` sorted by address, and the
   ``PT_LOAD`` segments: enough to turn a file offset into ``symbol+0xoff`` (the BPF ledger's symbolizer).
 """
@@ -80,7 +81,6 @@ def _name(data: bytes, at: int, encoding: str) -> str:
 @dataclass(frozen=True)
 class ElfInfo:
     symbols: dict[str, tuple[int, int]]  # name -> (st_value, st_size), defined dynamic symbols
-    first_load_vaddr: int  # p_vaddr of the first PT_LOAD, page-aligned down
 
 
 @lru_cache(maxsize=64)
@@ -100,13 +100,12 @@ def parse_elf_dynsym(data: bytes) -> ElfInfo:
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not an ELF64 little-endian file")
     h = _header(data)
-    first_load = next((p_vaddr & ~0xFFF for _off, p_vaddr, _sz in _loads(data, h)), None)
     symbols: dict[str, tuple[int, int]] = {}
     for name_at, _info, st_shndx, st_value, st_size in _symbols(data, _sections(data, h), (SHT_DYNSYM,), 24):
         if st_shndx == 0 or st_value == 0:
             continue  # undefined (imported) symbol
         symbols.setdefault(_name(data, name_at, "ascii"), (st_value, st_size))
-    return ElfInfo(symbols, first_load or 0)
+    return ElfInfo(symbols)
 
 
 def first_load_vaddr(path: str) -> int:
@@ -114,17 +113,12 @@ def first_load_vaddr(path: str) -> int:
     is its offset-0 mapping's start minus this). Raises OSError, or ValueError for a file that is not
     ELF64 little-endian."""
     with open(path, "rb") as f:
-        head = f.read(64)
-        if head[:4] != b"\x7fELF" or len(head) < 64 or head[4] != 2 or head[5] != 1:
+        data = f.read(64)
+        if data[:4] != b"\x7fELF" or len(data) < 64 or data[4] != 2 or data[5] != 1:
             raise ValueError(f"{path}: not an ELF64 little-endian file")
-        h = _header(head)
-        f.seek(h[0])
-        phdrs = f.read(h[2] * h[3])
-    for i in range(h[3]):
-        p_type, _flags, _offset, p_vaddr = struct.unpack_from("<IIQQ", phdrs, i * h[2])
-        if p_type == PT_LOAD:
-            return p_vaddr & ~0xFFF
-    return 0
+        h = _header(data)
+        data += f.read(max(0, h[0] + h[2] * h[3] - 64))  # up to the end of the program headers
+    return next((p_vaddr & ~0xFFF for _off, p_vaddr, _sz in _loads(data, h)), 0)
 
 
 # ----------------------------------------------------------------------------- functions by address

@@ -16,7 +16,7 @@ import re
 import struct
 
 from leaktrace import procfs
-from leaktrace.elf import elf_info
+from leaktrace.elf import elf_info, first_load_vaddr
 from leaktrace.errors import AccessDenied, ProcessGone
 
 LIBC_RE = re.compile(r"(^|/)libc(\.so\.6|-[0-9.]+\.so)$")
@@ -71,7 +71,7 @@ def load_bias(maps: list[procfs.Mapping], path: str) -> int | None:
     for m in maps:
         if m.path == path and m.offset == 0:
             try:
-                return m.start - elf_info(path).first_load_vaddr
+                return m.start - first_load_vaddr(path)
             except (OSError, ValueError):
                 return None
     return None
