@@ -71,6 +71,48 @@ def test_a_new_culprit_regresses_only_when_it_grows_as_fast(tmp_path, new_rate, 
         assert "libucm.so 30.0 MB/min" in cmp["verdict_reason"], cmp["verdict_reason"]
 
 
+def _with_setting(report: dict, value: str) -> dict:
+    for p in report["processes"]:
+        if p.get("ucx"):
+            p["ucx"]["settings"]["UCX_RCACHE_MAX_UNRELEASED"] = value
+    return report
+
+
+@pytest.mark.parametrize("applied,ucm_after,verdict", [
+    ("1024", 0.0, "fixed"),        # the change addressed libucm, which is gone; the other grows in both
+    ("1024", 90.0, "not-fixed"),   # the change addressed libucm, which still grows
+    ("inf", 0.0, "not-fixed"),     # nothing the culprits' remedies name changed: every culprit counts
+])
+def test_the_change_is_judged_by_the_culprits_it_addresses(tmp_path, applied, ucm_after, verdict):
+    """The recorded UCX hunt before, and after with UCX_RCACHE_MAX_UNRELEASED set as given in its process
+    (``processes[].ucx``): a culprit of another library (a worker's own oneDNN growth) grows in both hunts.
+    When the setting the UCX culprit's remedy names (``remedy_settings``) differs, the verdict is the UCX
+    culprit's alone and the other is listed apart; when it does not, the other still growing is not-fixed."""
+    before = json.loads((GOLDEN / "ucx" / "expected" / "report.json").read_text())
+    ucm = before["culprits"][0]
+    assert ucm["remedy_settings"] == {"UCX_MEM_MMAP_HOOK_MODE": "bistro", "UCX_RCACHE_MAX_UNRELEASED": "inf"}
+    other = {**ucm, "library": "_C.abi3.so", "rule": "unknown", "mb_per_min": 6.1, "remedy_settings": None}
+    before["culprits"].append(other)
+    after = _with_setting(json.loads(json.dumps(before)), applied)
+    after["culprits"][0]["mb_per_min"] = ucm_after
+    after["culprits"][1]["mb_per_min"] = 4.1
+    if not ucm_after:
+        del after["culprits"][0]
+    cmp = compare_reports(before, after, tmp_path / "b", tmp_path / "a")
+    assert cmp["verdict"] == verdict, cmp["verdict_reason"]
+    rows = {c["library"]: c for c in cmp["culprits"]}
+    assert rows["_C.abi3.so"]["status"] == "remains" and rows["_C.abi3.so"]["remedy_applied"] is None
+    changed = {"UCX_RCACHE_MAX_UNRELEASED": {"before": "inf", "after": "1024"}}
+    assert rows["libucm.so"]["remedy_applied"] == (changed if applied == "1024" else None)
+    if applied == "1024":
+        assert "UCX_RCACHE_MAX_UNRELEASED inf → 1024" in cmp["verdict_reason"], cmp["verdict_reason"]
+    if verdict == "fixed":
+        assert "not what that change addresses" in cmp["verdict_reason"] and "_C.abi3.so 6.1 → 4.1" in cmp["verdict_reason"]
+    from leaktrace.report.compare import render_html, render_markdown
+    assert ("UCX_RCACHE_MAX_UNRELEASED inf → 1024" in render_markdown(cmp)) == (applied == "1024")
+    assert ("UCX_RCACHE_MAX_UNRELEASED inf → 1024" in render_html(cmp)) == (applied == "1024")
+
+
 def test_bad_input_is_one_line(tmp_path):
     r = run_cli("compare", tmp_path / "missing", GOLDEN / "demo")
     assert r.returncode == 7 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -112,4 +154,7 @@ def test_seed002_remedy_is_fixed_on_real_ucx(spawn, tmp_path):
     ucm = next(c for c in cmp["culprits"] if c["library"] == "libucm.so")
     assert ucm["status"] == "gone" and ucm["before_mb_per_min"] > 20 and ucm["after_mb_per_min"] < 1
     assert ucm["libraries_as_mapped"] == ["libucm.so.0"]
+    # read from each live process: the setting the remedy names, before and after
+    assert ucm["remedy_applied"] == {"UCX_RCACHE_MAX_UNRELEASED": {"before": "inf", "after": "1024"}}, ucm
+    assert "UCX_RCACHE_MAX_UNRELEASED inf → 1024" in cmp["verdict_reason"]
     assert os.path.getsize(tmp_path / "cmp" / "compare.html") > 1000

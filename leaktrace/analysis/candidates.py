@@ -170,7 +170,19 @@ def plateau_evidence(row: Any, th: dict[str, float] = THRESHOLDS) -> str | None:
     return None
 
 
-def ucx_effective(reader: TableSource, pid: int) -> str | None:
+# The UCX settings the probe reads from the live process (report name, ucx_state column).
+UCX_SETTINGS = (("UCX_MEM_MMAP_HOOK_MODE", "hook_mode"), ("UCX_RCACHE_MAX_UNRELEASED", "rcache_max_unreleased"),
+                ("UCX_RCACHE_ENABLE", "rcache_enable"))
+
+
+def _value(r: pd.Series, col: str) -> Any:
+    v = r.get(col) if col in r.index else None
+    return None if v is None or (not isinstance(v, (list, dict)) and pd.isna(v)) else v
+
+
+def ucx_settings(reader: TableSource, pid: int) -> dict[str, Any] | None:
+    """The effective UCX state of a process at the end of the hunt (its last ``ucx_state`` row): each
+    setting's value and where it came from, whether the memory hooks are on, the UCX version."""
     if "ucx_state" not in reader.tables():
         return None
     st = reader.table("ucx_state")
@@ -180,16 +192,28 @@ def ucx_effective(reader: TableSource, pid: int) -> str | None:
     if rows.empty:
         return None
     r = rows.iloc[-1]
-    parts = []
-    for key, col in (("UCX_MEM_MMAP_HOOK_MODE", "hook_mode"), ("UCX_RCACHE_MAX_UNRELEASED", "rcache_max_unreleased"),
-                     ("UCX_RCACHE_ENABLE", "rcache_enable")):
-        if col in r.index and r[col] is not None and not pd.isna(r[col]):
-            src = r.get(f"{col}_source")
-            parts.append(f"{key}={r[col]}" + (f" ({src})" if src is not None and not pd.isna(src) else ""))
-    if "hooks_active" in r.index and r["hooks_active"] is not None and not pd.isna(r["hooks_active"]):
-        parts.append(f"memory hooks {'active' if r['hooks_active'] else 'inactive'}")
-    if "ucx_version" in r.index and r["ucx_version"] is not None and not pd.isna(r["ucx_version"]):
-        parts.append(f"UCX {r['ucx_version']}")
+    out: dict[str, Any] = {"settings": {}, "sources": {}}
+    for key, col in UCX_SETTINGS:
+        if _value(r, col) is not None:
+            out["settings"][key] = str(r[col])
+            if _value(r, f"{col}_source") is not None:
+                out["sources"][key] = str(r[f"{col}_source"])
+    hooks, version = _value(r, "hooks_active"), _value(r, "ucx_version")
+    out["hooks_active"] = bool(hooks) if hooks is not None else None
+    out["version"] = str(version) if version is not None else None
+    return out
+
+
+def ucx_effective(reader: TableSource, pid: int) -> str | None:
+    """``ucx_settings`` as one line for a culprit's evidence and remedy."""
+    st = ucx_settings(reader, pid)
+    if st is None:
+        return None
+    parts = [f"{k}={v}" + (f" ({st['sources'][k]})" if k in st["sources"] else "") for k, v in st["settings"].items()]
+    if st["hooks_active"] is not None:
+        parts.append(f"memory hooks {'active' if st['hooks_active'] else 'inactive'}")
+    if st["version"] is not None:
+        parts.append(f"UCX {st['version']}")
     return "; ".join(parts) or None
 
 

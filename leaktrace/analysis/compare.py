@@ -5,14 +5,23 @@ The unit of comparison is what survives a restart: not pids, but *culprits by li
 normalised: ``libucm-1a2b3c4d.so.0.0.0`` and ``libucm.so.0`` are one library), and *processes by role*
 (the vLLM instance's P/D role and the process label, e.g. ``decode/worker``).
 
+What changed between the hunts: a culprit whose rule names the settings its remedy changes carries their
+effective values (``remedy_settings``), and each process its effective UCX state (``processes[].ucx``).
+A before culprit whose settings differ in the after hunt's processes of the same role and label was
+*addressed* by the change (``remedy_applied``: each setting, before → after); the verdict then judges the
+change by those culprits, and lists the others that grow in both hunts apart, as not what it addressed
+(a worker's own oneDNN JIT growth beside the UCX remedy).
+
 Verdict (``compare.json``):
-  ``fixed``         the before hunt leaked and the after hunt does not, or every before culprit is gone and
+  ``fixed``         the before hunt leaked and the after hunt does not; or every culprit the change
+                    addressed is gone; or (no addressed culprit known) every before culprit is gone and
                     whatever is new grows slower, all together, than they did (it is listed in the reason:
                     a worker's own warm-up beside a remedied leak is not the remedy's failure)
   ``regressed``     the after hunt leaks where the before did not, or a remaining culprit grows
                     ≥ REGRESS_FACTOR faster, or new culprits grow, all together, at least as fast as every
                     culprit of the before hunt did
-  ``not-fixed``     a before culprit remains at ≥ REMAIN_SHARE of its rate
+  ``not-fixed``     a culprit the change addressed (or, none known, any before culprit) remains at
+                    ≥ REMAIN_SHARE of its rate
   ``inconclusive``  either hunt is inconclusive, or nothing leaked before
 ``confidence`` (0–1) is the weaker hunt's support: its observed span over CONFIDENT_SPAN_S (capped at 1)
 times the sign agreement of its rate (the Theil–Sen confidence of the process that leaks, or of the
@@ -95,6 +104,30 @@ def _culprits_by_key(report: Report) -> dict[tuple[str, str, str], list[Culprit]
     return out
 
 
+def _settings_by_key(report: Report) -> dict[str, dict[str, set[str]]]:
+    """role/label → each UCX setting → the effective values in the processes of that key."""
+    roles = _roles(report)
+    out: dict[str, dict[str, set[str]]] = {}
+    for p in report.get("processes") or []:
+        for k, v in ((p.get("ucx") or {}).get("settings") or {}).items():
+            out.setdefault(_process_key(p, roles), {}).setdefault(k, set()).add(str(v))
+    return out
+
+
+def _remedy_applied(culprits: list[Culprit], before: Report, after: Report) -> dict[str, dict[str, str]] | None:
+    """The remedy settings of ``culprits`` (before) whose effective value differs in the after hunt's
+    processes of the same role and label: {setting: {"before", "after"}}; None when none is known to differ."""
+    b_roles, a_set = _roles(before), _settings_by_key(after)
+    changed: dict[str, dict[str, str]] = {}
+    for c in culprits:
+        key = f"{b_roles.get(int(c['pid']), '-')}/{c.get('process_label') or 'other'}"
+        for k, v in (c.get("remedy_settings") or {}).items():
+            after_values = a_set.get(key, {}).get(k)
+            if v is not None and after_values and str(v) not in after_values:
+                changed[k] = {"before": str(v), "after": ", ".join(sorted(after_values))}
+    return changed or None
+
+
 def _process_key(p: dict[str, Any], roles: dict[int, str]) -> str:
     return f"{roles.get(int(p['pid']), '-')}/{p.get('label') or 'other'}"
 
@@ -154,6 +187,7 @@ def compare_reports(before: Report, after: Report, before_path: Path, after_path
             "before_outstanding_bytes": sum(int(c.get("outstanding_bytes") or 0) for c in bs),
             "after_outstanding_bytes": sum(int(c.get("outstanding_bytes") or 0) for c in as_),
             "status": status, "label": who,
+            "remedy_applied": _remedy_applied(bs, before, after) if bs else None,
             "change": "faster" if status == "remains" and a_rate >= REGRESS_FACTOR * b_rate else (
                 "slower" if status == "remains" and a_rate < b_rate else None),
         })
@@ -191,6 +225,9 @@ def _verdict(before: Report, after: Report, rows: list[dict[str, Any]]) -> tuple
         return "regressed", ("the after hunt leaks" + (f": {what}" if what else " where the before hunt did not"))
     if bv == "no-leak":
         return "inconclusive", "nothing leaked in the before hunt: there was nothing to fix"
+    addressed = [r for r in rows if r["remedy_applied"]]
+    if addressed:
+        return _verdict_of_change(addressed, remains, new)
     if av == "no-leak" or (gone and not remains):
         also = "; new, slower than what was fixed: " + ", ".join(
             f"{r['label']} {r['after_mb_per_min']:.1f} MB/min" for r in new) if new else ""
@@ -198,6 +235,19 @@ def _verdict(before: Report, after: Report, rows: list[dict[str, Any]]) -> tuple
                          f"every culprit of the before hunt is gone ({', '.join(r['label'] for r in gone)})") + also
     return "not-fixed", "still growing after: " + ", ".join(
         f"{r['label']} {r['before_mb_per_min']:.1f} → {r['after_mb_per_min']:.1f} MB/min" for r in remains)
+
+
+def _verdict_of_change(addressed: list[dict[str, Any]], remains: list[dict[str, Any]],
+                       new: list[dict[str, Any]]) -> tuple[str, str]:
+    settings = {k: v for r in addressed for k, v in r["remedy_applied"].items()}
+    change = ", ".join(f"{k} {v['before']} → {v['after']}" for k, v in sorted(settings.items()))
+    rates = ", ".join(f"{r['label']} {r['before_mb_per_min']:.1f} → {r['after_mb_per_min']:.1f} MB/min" for r in addressed)
+    if any(r["status"] != "gone" for r in addressed):
+        return "not-fixed", f"the change ({change}) did not stop what it addresses: {rates}"
+    others = [r for r in remains if not r["remedy_applied"]] + new
+    also = ("; growing in both hunts or new, not what that change addresses: " + ", ".join(
+        f"{r['kind']} {r['label']} {r['before_mb_per_min']:.1f} → {r['after_mb_per_min']:.1f} MB/min" for r in others)) if others else ""
+    return "fixed", f"the change ({change}) removed what it addresses: {rates}{also}"
 
 
 def compare_dirs(before: str | Path, after: str | Path) -> dict[str, Any]:

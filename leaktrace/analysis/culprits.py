@@ -30,6 +30,7 @@ from leaktrace.analysis.candidates import (
     python_candidates,
     summarize_paths,
     ucx_effective,
+    ucx_settings,
     watcher_candidates,
 )
 from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
@@ -72,6 +73,9 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
         "rule": rule.id if rule else None, "rule_title": rule.title if rule else None,
         "source": c.source, "cls": c.cls,
     }
+    if rule is not None and rule.settings:
+        now = (ucx_settings(reader, c.pid) or {}).get("settings", {})
+        out["remedy_settings"] = {k: now.get(k) for k in rule.settings}  # effective in the process, at the end
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
     for k in ("instance", "first_named_s", "python"):

@@ -53,6 +53,8 @@ class ProcessEntry(_ProcessRequired, total=False):
     instance: int | None
     growth_by_class: dict[str, float]
     python: dict[str, Any]  # GC state, when the Python-heap probe ran
+    # effective UCX state, when UCX is mapped: {"settings": {UCX_*: value}, "sources", "hooks_active", "version"}
+    ucx: dict[str, Any]
 
 
 class _CulpritRequired(TypedDict):
@@ -77,6 +79,8 @@ class Culprit(_CulpritRequired, total=False):
     source: str  # ledger | watcher | pyheap
     cls: str
     measured_kind: str
+    # the settings the rule's remedy changes, with their effective values in the process (rules.toml)
+    remedy_settings: dict[str, str | None]
     # python-heap: the growing types with their counts and the gc.freeze state (analysis.pyobjects)
     python: dict[str, Any]
     hostname: str  # merged cluster reports

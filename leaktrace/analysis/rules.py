@@ -25,6 +25,7 @@ class Rule:
     title: str
     match: dict[str, Any]
     text: dict[str, Any]
+    settings: list[str] = field(default_factory=list)  # what the remedy changes (rules.toml header)
     _res: dict[str, re.Pattern[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -81,7 +82,8 @@ def outer_frames(c: Candidate) -> list[str]:
 def load_rules(path: Path | None = None) -> list[Rule]:
     with open(path or RULES_FILE, "rb") as f:
         data = tomllib.load(f)
-    return [Rule(r["id"], r.get("title", r["id"]), r.get("match", {}), r.get("text", {})) for r in data["rule"]]
+    return [Rule(r["id"], r.get("title", r["id"]), r.get("match", {}), r.get("text", {}), list(r.get("settings", [])))
+            for r in data["rule"]]
 
 
 class _Fields(string.Formatter):

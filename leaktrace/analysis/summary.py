@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis import load
-from leaktrace.analysis.candidates import THRESHOLDS, plateau_evidence, process_info
+from leaktrace.analysis.candidates import THRESHOLDS, plateau_evidence, process_info, ucx_settings
 from leaktrace.analysis.culprits import find_culprits
 from leaktrace.analysis.exits import process_exits
 from leaktrace.analysis.first_named import first_named
@@ -212,6 +212,9 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
             row["growth_by_class"] = {str(r.cls): round(float(r.mb_per_min), 4) for r in mine.itertuples()}
         if pid in findings.pyheap:
             row["python"] = findings.pyheap[pid]
+        ucx = ucx_settings(reader, pid)
+        if ucx is not None:
+            row["ucx"] = ucx  # effective UCX settings: compare tells from them what a remedy changed
         processes.append(row)
     processes += _unsampled(info, exits, {r["pid"] for r in processes}, inst_of)
     processes.sort(key=lambda r: -r["rss_mb_per_min"])

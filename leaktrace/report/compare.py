@@ -16,6 +16,11 @@ def _mb(v: float) -> str:
     return f"{v:.2f}"
 
 
+def remedy_applied(r: dict[str, Any]) -> str:
+    """The settings a culprit's remedy changes that differ between the hunts, as ``K before → after``."""
+    return ", ".join(f"{k} {v['before']} → {v['after']}" for k, v in sorted((r.get("remedy_applied") or {}).items()))
+
+
 def render_markdown(cmp: dict[str, Any]) -> str:
     b, a = cmp["before"], cmp["after"]
     lines = [f"## leaktrace compare: **{cmp['verdict']}** (confidence {cmp['confidence']:.2f})", "",
@@ -30,13 +35,13 @@ def render_markdown(cmp: dict[str, Any]) -> str:
     if not cmp["culprits"]:
         lines.append("None on either side.")
     else:
-        lines += ["| status | role | kind | library | before MB/min | after MB/min | before outstanding MB | after outstanding MB |",
-                  "|---|---|---|---|---:|---:|---:|---:|"]
+        lines += ["| status | role | kind | library | before MB/min | after MB/min | before outstanding MB | "
+                  "after outstanding MB | remedy setting changed |", "|---|---|---|---|---:|---:|---:|---:|---|"]
         for r in cmp["culprits"]:
             status = r["status"] + (f" ({r['change']})" if r.get("change") else "")
             lines.append(f"| {status} | {r['role']} | {r['kind']} | {r['label']} | {_mb(r['before_mb_per_min'])} | "
                          f"{_mb(r['after_mb_per_min'])} | {r['before_outstanding_bytes'] / 2**20:.1f} | "
-                         f"{r['after_outstanding_bytes'] / 2**20:.1f} |")
+                         f"{r['after_outstanding_bytes'] / 2**20:.1f} | {remedy_applied(r) or '-'} |")
     lines += ["", "### Processes by role", "", "| role/label | before n | after n | before RSS MB/min | after RSS MB/min |",
               "|---|---:|---:|---:|---:|"]
     for p in cmp["processes"]:
@@ -50,7 +55,7 @@ def render_html(cmp: dict[str, Any]) -> str:
 
     env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
-    return env.get_template("compare.html.j2").render(c=cmp, mb=2**20)
+    return env.get_template("compare.html.j2").render(c=cmp, mb=2**20, remedy_applied=remedy_applied)
 
 
 def write(cmp: dict[str, Any], out_dir: Path, formats: tuple[str, ...] | list[str] = FORMATS) -> list[Path]:
