@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -196,11 +197,14 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
 
 def _tick_all(started: list[Probe], ctx: HuntContext, now: float, warn: bool = True) -> None:
     for p in started:
+        t0, c0 = time.monotonic(), time.thread_time()
         try:
             p.tick(now)
         except LeaktraceError as e:
             if warn:
                 ctx.warn(f"{p.name}: {e}")
+        finally:
+            ctx.tick_costs.add(p.name, time.monotonic() - t0, time.thread_time() - c0, now)
 
 
 def _tick_until_stopped(started: list[Probe], ctx: HuntContext, flag: _StopFlag,
@@ -212,6 +216,11 @@ def _tick_until_stopped(started: list[Probe], ctx: HuntContext, flag: _StopFlag,
     next_tick = session.now()
     while True:
         now = session.now()
+        ctx.tick_costs.started(now - next_tick, options.interval, now)
+        # Missed ticks are skipped, not caught up: after a stall (the hunt not scheduled on a saturated
+        # machine, a slow /proc read) a burst of back-to-back ticks would cost the target CPU and bunch the
+        # samples in time.
+        next_tick = max(next_tick, now)
         _tick_all(started, ctx, now)
         if on_tick is not None:
             on_tick(ctx, now)
@@ -244,6 +253,7 @@ def _stop_and_close(started: list[Probe], ctx: HuntContext, stop_reason: str) ->
             summaries[p.name] = {}
     duration = session.now() - (session.meta.get("attach_s") or 0.0)
     session.close(stop_reason=stop_reason, duration_s=duration, warnings=ctx.warnings,
+                  tick_costs=ctx.tick_costs.as_dict(),
                   exited={str(k): v for k, v in targets.exited.items()}, probe_summaries=summaries,
                   labels={str(k): v for k, v in targets.labels.items()})
     if session.write_error is not None:

@@ -438,3 +438,39 @@ def test_interrupted_compaction_leftovers_read_once(tmp_path):
     r = SessionReader(tmp_path / "s")
     assert r.table("rollup")["rss"].tolist() == [0, 1, 2, 3]
     assert r.skipped_parts == ["tables/rollup/part-000000-000005.parquet"]
+
+
+def test_a_stalled_hunt_skips_missed_ticks_and_says_so(tmp_path, spawn, leaker_bin):
+    """The hunt not scheduled for 4 s (SIGSTOP: what a saturated machine did to it beside a vLLM pair): the
+    ticks it missed are skipped, not run back to back when it resumes (a burst costs the target CPU and
+    bunches the samples), and the report says how late ticks ran and what each probe's ticks cost."""
+    target = spawn([leaker_bin, "--leak-kib-per-s", "512"])
+    out = tmp_path / "s"
+    hunt = start_hunt("--pid", target.pid, "--duration", "60", "--interval", "0.5", "--out", out, "--no-live",
+                      "--no-bpf", "--no-gdb", "--no-pyheap", "--format", "json,md")
+    try:
+        assert wait_attached(out), hunt.stderr.read() if hunt.poll() is not None else "no attach"
+        assert wait_rollup(out, span_s=2.0, timeout=60)
+        os.kill(hunt.pid, signal.SIGSTOP)
+        time.sleep(4.0)
+        os.kill(hunt.pid, signal.SIGCONT)
+        assert wait_rollup(out, span_s=float(live_rollup(out)["t"].max() - live_rollup(out)["t"].min()) + 2.5,
+                           timeout=60)
+    finally:
+        if hunt.poll() is None:
+            hunt.send_signal(signal.SIGINT)
+        rc, _, err = stop_hunt(hunt)
+    assert rc == 0, err
+    rep = json.loads((out / "report.json").read_text())
+    tc = rep["tick_costs"]
+    assert tc["late_ticks"] >= 1 and tc["max_late_s"] >= 3.0, tc
+    w = tc["probes"]["watcher"]
+    assert w["ticks"] >= 8 and 0 < w["cpu_s"] <= w["wall_s"] + 0.05, w
+    t = SessionReader(out).table("rollup")["t"].sort_values().reset_index(drop=True)
+    gaps = t.diff()
+    assert gaps.max() >= 3.0, f"no stall in the samples: {list(gaps.round(2))}"
+    resumed = float(t[gaps.idxmax()])
+    burst = t[(t >= resumed) & (t < resumed + 1.0)]
+    # 2 ticks a second at 0.5 s; catching up the ~8 missed ones would put ~10 in the first second
+    assert len(burst) <= 3, f"{len(burst)} ticks in the second after the stall: {list((burst - resumed).round(3))}"
+    assert "What the hunt's ticks cost" in (out / "report.md").read_text()

@@ -127,3 +127,4 @@ class Report(_ReportRequired, total=False):
     instances: list[dict[str, Any]]  # hunt --vllm: one per vLLM server
     load: dict[str, Any]  # /metrics scraped: requests, tokens, KV transfers, growth per 1,000 requests
     nodes: list[dict[str, Any]]  # merged cluster reports
+    tick_costs: dict[str, Any]  # per probe: ticks, wall and CPU seconds; ticks started late (leaktrace.probes.TickCosts)

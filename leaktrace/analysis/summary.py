@@ -245,5 +245,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
                                   for r in shm.itertuples()][:50]
     if "demo" in meta:
         report["demo"] = meta["demo"]
+    if meta.get("tick_costs"):
+        report["tick_costs"] = meta["tick_costs"]  # what each probe's ticks cost, how late ticks ran
     report.update(extra)
     return report

@@ -74,6 +74,47 @@ class LiveFigures:
     metrics_requests: dict[str, Any] = field(default_factory=dict)  # metrics: requests per /metrics URL
 
 
+class TickCosts:
+    """What each probe's ticks cost (wall and this thread's CPU seconds) and how late the ticks started: a
+    stalled hunt (ticks late while every probe is quick: the hunt was not scheduled) is told apart from a
+    slow probe, and a probe that waits (wall far above CPU: a /proc read of a busy process, a socket) from
+    one that computes."""
+
+    def __init__(self) -> None:
+        self.probes: dict[str, dict[str, float]] = {}
+        self.ticks = 0
+        self.late_ticks = 0  # started more than one interval after they were due
+        self.max_late_s = 0.0
+        self.max_late_at_s: float | None = None
+
+    def add(self, name: str, wall_s: float, cpu_s: float, now: float) -> None:
+        d = self.probes.setdefault(name, {"ticks": 0, "wall_s": 0.0, "cpu_s": 0.0, "max_wall_s": 0.0,
+                                          "max_wall_at_s": 0.0})
+        d["ticks"] += 1
+        d["wall_s"] += wall_s
+        d["cpu_s"] += cpu_s
+        if wall_s > d["max_wall_s"]:
+            d["max_wall_s"], d["max_wall_at_s"] = wall_s, now
+
+    def started(self, late_s: float, interval: float, now: float) -> None:
+        self.ticks += 1
+        if late_s > interval:
+            self.late_ticks += 1
+        if late_s > self.max_late_s:
+            self.max_late_s, self.max_late_at_s = late_s, now
+
+    def as_dict(self) -> dict[str, Any]:
+        import resource
+
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {"process_cpu_s": round(own.ru_utime + own.ru_stime, 3),  # every thread, since leaktrace started
+                "children_cpu_s": round(kids.ru_utime + kids.ru_stime, 3),  # helpers reaped: gdb, walkers
+                "ticks": self.ticks, "late_ticks": self.late_ticks, "max_late_s": round(self.max_late_s, 3),
+                "max_late_at_s": None if self.max_late_at_s is None else round(self.max_late_at_s, 3),
+                "probes": {k: {f: (int(v) if f == "ticks" else round(v, 4)) for f, v in d.items()}
+                           for k, d in self.probes.items()}}
+
+
 @dataclass
 class HuntContext:
     session: SessionWriter
@@ -82,6 +123,7 @@ class HuntContext:
     log: Any  # callable(str) -> None, progress/log lines for the user
     warnings: list[str] = field(default_factory=list)
     live: LiveFigures = field(default_factory=LiveFigures)
+    tick_costs: TickCosts = field(default_factory=TickCosts)
 
     def warn(self, msg: str) -> None:
         # Bounded: a probe that warns every tick of a day-long hunt must not grow leaktrace itself.

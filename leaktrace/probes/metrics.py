@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 from leaktrace.errors import MetricsUnreachable
@@ -72,6 +73,14 @@ class MetricsProbe:
             self._scrape_all()
 
     def _scrape_all(self) -> None:
+        assert self.ctx is not None
+        t0, c0, now = time.monotonic(), time.thread_time(), self.ctx.session.now()
+        try:
+            self._scrape_each()
+        finally:  # its own thread: counted beside the ticks (what the hunt's ticks cost, in the report)
+            self.ctx.tick_costs.add("metrics (scrape thread)", time.monotonic() - t0, time.thread_time() - c0, now)
+
+    def _scrape_each(self) -> None:
         assert self.ctx is not None
         for url, inst in self.urls.items():
             # Credentials in a --metrics URL are used to scrape, never written or shown.

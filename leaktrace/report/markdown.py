@@ -77,6 +77,16 @@ def render(report: Report) -> str:
     if th:
         lines += ["", "<details><summary>Thresholds</summary>", "",
                   ", ".join(f"{k} = {v}" for k, v in th.items()), "", "</details>"]
+    tc = report.get("tick_costs")
+    if tc:
+        lines += ["", "<details><summary>What the hunt's ticks cost</summary>", "",
+                  f"{tc['ticks']} ticks, {tc['late_ticks']} started more than an interval late (the latest "
+                  f"{tc['max_late_s']:.1f} s late, at {_f(tc.get('max_late_at_s'), '.1f')} s). leaktrace used "
+                  f"{_f(tc.get('process_cpu_s'), '.1f')} CPU s in all, its helpers "
+                  f"{_f(tc.get('children_cpu_s'), '.1f')}.", "",
+                  "| probe | ticks | wall s | CPU s | slowest tick s | at s |", "|---|---:|---:|---:|---:|---:|",
+                  *[f"| {k} | {d['ticks']} | {d['wall_s']:.2f} | {d['cpu_s']:.2f} | {d['max_wall_s']:.2f} | "
+                    f"{d['max_wall_at_s']:.1f} |" for k, d in tc["probes"].items()], "", "</details>"]
     if report.get("warnings"):
         lines += ["", "Warnings:", *[f"- {w}" for w in report["warnings"]]]
     return "\n".join(lines) + "\n"
