@@ -10,7 +10,11 @@ latency and output tokens. A hunted phase starts once the hunt has attached (its
 the hunt is stopped with Ctrl-C after the phase (its report written outside the measured window: the
 cost measured is that of a hunt running, not of writing its report). Phases alternate (off, on, off, on…)
 so the machine's drift falls on both sides; reported per condition: requests/s, output tokens/s, p50 and
-p99 latency, and the ratios hunted/baseline (goal: latency ≤ 1.05×).
+p99 latency, the ratios hunted/baseline (goal: latency ≤ 1.05×), and the CPU seconds the hunt's process
+tree (leaktrace, its Python-heap walker, gdb) used per second of the measured phase.
+
+``--variant NAME=FLAGS`` (repeatable) hunts with extra flags as its own condition, in the same rotation
+(e.g. ``--variant nogdb=--no-gdb --variant nopyheap=--no-pyheap``): which part of the hunt costs what.
 
 The pair of tests/targets/vllm_servers.py (vLLM's default OpenMP thread binding, both servers on the same
 two cores) completed ~2 requests a minute at ~50 s each here: too few to measure anything.
@@ -70,10 +74,10 @@ def drive(ns: vintage_pd.NetNs, url: str, seconds: float, clients: int, max_toke
     return done
 
 
-def start_hunt(ns: vintage_pd.NetNs, out: Path) -> subprocess.Popen:
+def start_hunt(ns: vintage_pd.NetNs, out: Path, flags: list[str] | None = None) -> subprocess.Popen:
     # In the pair's namespace: the hunt scrapes the servers' /metrics on 127.0.0.1 there.
     argv = [*ns.enter(), str(REPO / ".venv" / "bin" / "leaktrace"), "hunt", "--vllm", "--duration", "3600",
-            "--out", str(out)]
+            "--out", str(out), *(flags or [])]
     hunt = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(out.parent),
                             start_new_session=True)
     t0 = time.monotonic()
@@ -83,6 +87,37 @@ def start_hunt(ns: vintage_pd.NetNs, out: Path) -> subprocess.Popen:
             print(f"  hunt attached in {time.monotonic() - t0:.1f} s", flush=True)
             return hunt
     raise RuntimeError(f"the hunt exited with {hunt.wait()} before attaching")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its live descendants."""
+    import psutil
+
+    total = 0.0
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for p in procs:
+        try:
+            c = p.cpu_times()
+            total += c.user + c.system + c.children_user + c.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def tick_costs(out: Path) -> str:
+    """Where a hunt's CPU went (its report's tick_costs): per probe, CPU s over wall s of its ticks."""
+    try:
+        tc = json.loads((out / "report.json").read_text()).get("tick_costs") or {}
+    except (OSError, ValueError):
+        return "no report"
+    probes = ", ".join(f"{k} {d['cpu_s']:.1f}/{d['wall_s']:.1f}" for k, d in sorted(
+        (tc.get("probes") or {}).items(), key=lambda kv: -kv[1]["cpu_s"]))
+    return (f"leaktrace CPU {tc.get('process_cpu_s')} s, helpers {tc.get('children_cpu_s')} s; ticks "
+            f"{tc.get('ticks')} ({tc.get('late_ticks')} late, max {tc.get('max_late_s')} s); CPU/wall s: {probes}")
 
 
 def stop_hunt(hunt: subprocess.Popen) -> float:
@@ -112,8 +147,14 @@ def main() -> None:
     ap.add_argument("--phase-s", type=float, default=60.0)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="a hunt with extra flags as its own condition (repeatable)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
+    variants = {"hunted": []}
+    for v in args.variant:
+        name, _, flags = v.partition("=")
+        variants[name] = flags.split()
     why = vintage_pd.available()
     if why:
         print(f"skipped: {why}")
@@ -123,8 +164,10 @@ def main() -> None:
         return
     pair = vintage_pd.start(vintage_pd.FIXED, prefill_port=8310, decode_port=8320, proxy_port=8330)
     ns, url = pair.ns, pair.proxy.url
-    phases: dict[str, list[tuple[float, int]]] = {"baseline": [], "hunted": []}
-    seconds = {"baseline": 0.0, "hunted": 0.0}
+    conds = ["baseline", *variants]
+    phases: dict[str, list[tuple[float, int]]] = {c: [] for c in conds}
+    seconds = dict.fromkeys(conds, 0.0)
+    cpu = dict.fromkeys(conds, 0.0)
     rounds = []
     try:
         warm = drive(ns, url, 60, args.clients, args.max_tokens)  # the NIXL handshake, first transfers
@@ -133,34 +176,44 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 row = {}
-                for cond in ("baseline", "hunted"):
-                    hunt = start_hunt(ns, Path(tmp) / f"h{r}") if cond == "hunted" else None
+                for cond in conds:
+                    hunt = start_hunt(ns, Path(tmp) / f"{cond}{r}", variants[cond]) if cond != "baseline" else None
+                    cpu0 = tree_cpu_s(hunt.pid) if hunt else 0.0
                     try:
                         got = drive(ns, url, args.phase_s, args.clients, args.max_tokens)
                     finally:
+                        used = tree_cpu_s(hunt.pid) - cpu0 if hunt else 0.0
                         stop_s = stop_hunt(hunt) if hunt else 0.0
                     phases[cond] += got
                     seconds[cond] += args.phase_s
+                    cpu[cond] += used
                     row[cond] = summarize(got, args.phase_s)
-                    extra = f" (hunt stopped and reported in {stop_s:.1f} s)" if hunt else ""
+                    extra = (f" (hunt CPU {used / args.phase_s:.3f} s/s; stopped and reported in {stop_s:.1f} s)"
+                             if hunt else "")
+                    if hunt:
+                        extra += "\n    " + tick_costs(Path(tmp) / f"{cond}{r}")
                     print(f"round {r + 1} {cond:8s} {json.dumps(row[cond])}{extra}", flush=True)
                 rounds.append(row)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
         pair.stop()
-    total = {c: summarize(phases[c], seconds[c]) for c in phases}
-    b, h = total["baseline"], total["hunted"]
-    ratios = {}
-    if b.get("requests") and h.get("requests"):
-        ratios = {"latency_p50": round(h["p50_s"] / b["p50_s"], 3), "latency_p99": round(h["p99_s"] / b["p99_s"], 3),
-                  "latency_mean": round(h["mean_s"] / b["mean_s"], 3),
-                  "throughput_requests": round(h["requests_per_s"] / b["requests_per_s"], 3),
-                  "throughput_tokens": round(h["output_tokens_per_s"] / b["output_tokens_per_s"], 3)}
-    per_round = [round(x["hunted"]["mean_s"] / x["baseline"]["mean_s"], 3) for x in rounds
-                 if x["baseline"].get("requests") and x["hunted"].get("requests")]
-    result = {"baseline": b, "hunted": h, "ratios_hunted_over_baseline": ratios,
-              "mean_latency_ratio_per_round": per_round, "clients": args.clients, "phase_s": args.phase_s}
+    total = {c: summarize(phases[c], seconds[c]) for c in conds}
+    b = total["baseline"]
+    ratios: dict[str, dict[str, float]] = {}
+    for c in variants:
+        h = total[c]
+        if b.get("requests") and h.get("requests"):
+            ratios[c] = {"latency_p50": round(h["p50_s"] / b["p50_s"], 3), "latency_p99": round(h["p99_s"] / b["p99_s"], 3),
+                         "latency_mean": round(h["mean_s"] / b["mean_s"], 3),
+                         "throughput_requests": round(h["requests_per_s"] / b["requests_per_s"], 3),
+                         "throughput_tokens": round(h["output_tokens_per_s"] / b["output_tokens_per_s"], 3),
+                         "hunt_cpu_s_per_s": round(cpu[c] / seconds[c], 3)}
+    per_round = {c: [round(x[c]["mean_s"] / x["baseline"]["mean_s"], 3) for x in rounds
+                     if x["baseline"].get("requests") and x[c].get("requests")] for c in variants}
+    result = {**total, "ratios_over_baseline": ratios, "mean_latency_ratio_per_round": per_round,
+              "variants": {c: " ".join(f) for c, f in variants.items()}, "clients": args.clients,
+              "phase_s": args.phase_s}
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
