@@ -120,7 +120,7 @@ def _remedy_applied(culprits: list[Culprit], before: Report, after: Report) -> d
     b_roles, a_set = _roles(before), _settings_by_key(after)
     changed: dict[str, dict[str, str]] = {}
     for c in culprits:
-        key = f"{b_roles.get(int(c['pid']), '-')}/{c.get('process_label') or 'other'}"
+        key = _process_key({"pid": c["pid"], "label": c.get("process_label")}, b_roles)
         for k, v in (c.get("remedy_settings") or {}).items():
             after_values = a_set.get(key, {}).get(k)
             if v is not None and after_values and str(v) not in after_values:
