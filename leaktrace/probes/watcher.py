@@ -92,19 +92,11 @@ def diff_regions(prev: list[Region], cur: list[Region]) -> list[dict[str, Any]]:
     def ev(kind: str, new: Region | None, old: Region | None) -> dict[str, Any]:
         ref = new or old
         assert ref is not None
-        return {
-            "event": kind,
-            "start": new.start if new else old.start,  # type: ignore[union-attr]
-            "end": new.end if new else old.end,  # type: ignore[union-attr]
-            "size": new.size if new else 0,
-            "rss": new.rss if new else 0,
-            "old_start": old.start if old else None,
-            "old_size": old.size if old else None,
-            "old_rss": old.rss if old else None,
-            "perms": ref.perms,
-            "path": ref.path,
-            "cls": ref.cls,
-        }
+        return {"event": kind, "start": new.start if new else old.start,  # type: ignore[union-attr]
+                "end": new.end if new else old.end,  # type: ignore[union-attr]
+                "size": new.size if new else 0, "rss": new.rss if new else 0,
+                "old_start": old.start if old else None, "old_size": old.size if old else None,
+                "old_rss": old.rss if old else None, "perms": ref.perms, "path": ref.path, "cls": ref.cls}
 
     for r in cur:
         if r.start not in same:
