@@ -1,5 +1,7 @@
 """Watcher probe: /proc/PID/smaps_rollup of every process of the target trees every tick, and the full
-/proc/PID/smaps every ``smaps_every`` ticks, diffed against the previous one.
+/proc/PID/smaps every ``smaps_every`` ticks, diffed against the previous one. Each row is stamped when its read
+returned, not when the tick began: on a saturated machine one tick's reads spread over seconds (~4 s a tick
+beside a busy vLLM pair on 2 cores, bench_vllm_serving).
 
 Tables written (see leaktrace.session.SCHEMAS): ``processes``, ``rollup``, ``class_usage``,
 ``region_events`` (born, grown, shrunk, gone, moved), ``regions`` (first and last snapshot).
@@ -312,13 +314,13 @@ class WatcherProbe:
                     self.ctx.warn(str(e))
                 continue
             self.rollups += 1
-            rows.append(rollup_row(now, pid, r))
+            rows.append(rollup_row(self.ctx.session.now(), pid, r))  # when read: see the module docstring
             if full:
-                self._full_smaps(pid, now)
+                self._full_smaps(pid)
         self.ctx.session.append("rollup", rows)
         self.ctx.live.rollup = {r["pid"]: r for r in rows}
 
-    def _full_smaps(self, pid: int, now: float, snapshot: str | None = None) -> list[Region] | None:
+    def _full_smaps(self, pid: int, snapshot: str | None = None) -> list[Region] | None:
         assert self.ctx is not None
         try:
             regions = read_regions(pid)
@@ -326,6 +328,7 @@ class WatcherProbe:
             return None
         self.smaps_reads += 1
         s = self.ctx.session
+        now = s.now()  # when read (see tick)
         s.append("class_usage", [{"t": now, "pid": pid, "cls": c, **v} for c, v in class_totals(regions).items()])
         prev = self._last_regions.get(pid)
         exe = _exe_of(pid)
@@ -349,7 +352,7 @@ class WatcherProbe:
     def _write_last(self, pid: int, now: float) -> None:
         """The last full snapshot: re-read if the process still lives, else the last one we had."""
         assert self.ctx is not None
-        if self._full_smaps(pid, now, snapshot="last") is None and pid in self._last_regions:
+        if self._full_smaps(pid, snapshot="last") is None and pid in self._last_regions:
             self.ctx.session.append("regions", [_region_row(now, pid, "last", r) for r in self._last_regions[pid]])
 
     def stop(self) -> None:
