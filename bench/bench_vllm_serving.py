@@ -11,7 +11,9 @@ the hunt is stopped with Ctrl-C after the phase (its report written outside the 
 cost measured is that of a hunt running, not of writing its report). Phases alternate (off, on, off, on…)
 so the machine's drift falls on both sides; reported per condition: requests/s, output tokens/s, p50 and
 p99 latency, the ratios hunted/baseline (goal: latency ≤ 1.05×), and the CPU seconds the hunt's process
-tree (leaktrace, its Python-heap walker, gdb) used per second of the measured phase.
+tree (leaktrace, its Python-heap walker, gdb) used per second of the measured phase, and the time its eBPF
+programs ran in the kernel (charged to the processes making the syscalls, not to the hunt: read from the
+programs' fdinfo with kernel.bpf_stats_enabled on for the run).
 
 ``--variant NAME=FLAGS`` (repeatable) hunts with extra flags as its own condition, in the same rotation
 (e.g. ``--variant nogdb=--no-gdb --variant nopyheap=--no-pyheap``): which part of the hunt costs what.
@@ -108,6 +110,29 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def bpf_run_ns(pid: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) summed over the eBPF programs held open by ``pid``'s process tree."""
+    import psutil
+
+    total = runs = 0
+    try:
+        top = psutil.Process(pid)
+        pids = [top.pid, *(c.pid for c in top.children(recursive=True))]
+    except psutil.Error:
+        return 0, 0
+    for p in pids:
+        for f in Path(f"/proc/{p}/fdinfo").glob("*"):
+            try:
+                text = f.read_text()
+            except OSError:
+                continue
+            if "prog_type:" in text:
+                fields = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+                total += int(fields.get("run_time_ns", 0))
+                runs += int(fields.get("run_cnt", 0))
+    return total, runs
+
+
 def tick_costs(out: Path) -> str:
     """Where a hunt's CPU went (its report's tick_costs): per probe, CPU s over wall s of its ticks."""
     try:
@@ -168,6 +193,11 @@ def main() -> None:
     phases: dict[str, list[tuple[float, int]]] = {c: [] for c in conds}
     seconds = dict.fromkeys(conds, 0.0)
     cpu = dict.fromkeys(conds, 0.0)
+    bpf_s = dict.fromkeys(conds, 0.0)
+    stats_knob = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_before = stats_knob.read_text().strip() if stats_knob.exists() else None
+    if stats_before is not None:
+        stats_knob.write_text("1")  # run time per eBPF program; restored below
     rounds = []
     try:
         warm = drive(ns, url, 60, args.clients, args.max_tokens)  # the NIXL handshake, first transfers
@@ -179,17 +209,21 @@ def main() -> None:
                 for cond in conds:
                     hunt = start_hunt(ns, Path(tmp) / f"{cond}{r}", variants[cond]) if cond != "baseline" else None
                     cpu0 = tree_cpu_s(hunt.pid) if hunt else 0.0
+                    bpf0 = bpf_run_ns(hunt.pid) if hunt else (0, 0)
                     try:
                         got = drive(ns, url, args.phase_s, args.clients, args.max_tokens)
                     finally:
                         used = tree_cpu_s(hunt.pid) - cpu0 if hunt else 0.0
+                        bpf1 = bpf_run_ns(hunt.pid) if hunt else (0, 0)
+                        bpf_s[cond] += (bpf1[0] - bpf0[0]) / 1e9
                         stop_s = stop_hunt(hunt) if hunt else 0.0
                     phases[cond] += got
                     seconds[cond] += args.phase_s
                     cpu[cond] += used
                     row[cond] = summarize(got, args.phase_s)
-                    extra = (f" (hunt CPU {used / args.phase_s:.3f} s/s; stopped and reported in {stop_s:.1f} s)"
-                             if hunt else "")
+                    extra = (f" (hunt CPU {used / args.phase_s:.3f} s/s, eBPF in the kernel "
+                             f"{(bpf1[0] - bpf0[0]) / 1e9 / args.phase_s:.4f} s/s over {bpf1[1] - bpf0[1]} runs; "
+                             f"stopped and reported in {stop_s:.1f} s)" if hunt else "")
                     if hunt:
                         extra += "\n    " + tick_costs(Path(tmp) / f"{cond}{r}")
                     print(f"round {r + 1} {cond:8s} {json.dumps(row[cond])}{extra}", flush=True)
@@ -198,6 +232,8 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
         pair.stop()
+        if stats_before is not None:
+            stats_knob.write_text(stats_before)
     total = {c: summarize(phases[c], seconds[c]) for c in conds}
     b = total["baseline"]
     ratios: dict[str, dict[str, float]] = {}
@@ -208,7 +244,8 @@ def main() -> None:
                          "latency_mean": round(h["mean_s"] / b["mean_s"], 3),
                          "throughput_requests": round(h["requests_per_s"] / b["requests_per_s"], 3),
                          "throughput_tokens": round(h["output_tokens_per_s"] / b["output_tokens_per_s"], 3),
-                         "hunt_cpu_s_per_s": round(cpu[c] / seconds[c], 3)}
+                         "hunt_cpu_s_per_s": round(cpu[c] / seconds[c], 3),
+                         "bpf_kernel_s_per_s": round(bpf_s[c] / seconds[c], 4)}
     per_round = {c: [round(x[c]["mean_s"] / x["baseline"]["mean_s"], 3) for x in rounds
                      if x["baseline"].get("requests") and x[c].get("requests")] for c in variants}
     result = {**total, "ratios_over_baseline": ratios, "mean_latency_ratio_per_round": per_round,
