@@ -237,10 +237,14 @@ def _verdict(before: Report, after: Report, rows: list[dict[str, Any]]) -> tuple
         f"{r['label']} {r['before_mb_per_min']:.1f} → {r['after_mb_per_min']:.1f} MB/min" for r in remains)
 
 
+def describe_change(settings: dict[str, dict[str, str]] | None) -> str:
+    """``remedy_applied`` as text: ``K before → after``, by setting name."""
+    return ", ".join(f"{k} {v['before']} → {v['after']}" for k, v in sorted((settings or {}).items()))
+
+
 def _verdict_of_change(addressed: list[dict[str, Any]], remains: list[dict[str, Any]],
                        new: list[dict[str, Any]]) -> tuple[str, str]:
-    settings = {k: v for r in addressed for k, v in r["remedy_applied"].items()}
-    change = ", ".join(f"{k} {v['before']} → {v['after']}" for k, v in sorted(settings.items()))
+    change = describe_change({k: v for r in addressed for k, v in r["remedy_applied"].items()})
     rates = ", ".join(f"{r['label']} {r['before_mb_per_min']:.1f} → {r['after_mb_per_min']:.1f} MB/min" for r in addressed)
     if any(r["status"] != "gone" for r in addressed):
         return "not-fixed", f"the change ({change}) did not stop what it addresses: {rates}"

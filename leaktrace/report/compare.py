@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from leaktrace.analysis.compare import describe_change
 from leaktrace.atomic import atomic_write_text
 
 FORMATS = ("json", "md", "html")
@@ -18,7 +19,7 @@ def _mb(v: float) -> str:
 
 def remedy_applied(r: dict[str, Any]) -> str:
     """The settings a culprit's remedy changes that differ between the hunts, as ``K before → after``."""
-    return ", ".join(f"{k} {v['before']} → {v['after']}" for k, v in sorted((r.get("remedy_applied") or {}).items()))
+    return describe_change(r.get("remedy_applied"))
 
 
 def render_markdown(cmp: dict[str, Any]) -> str:
