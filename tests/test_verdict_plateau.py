@@ -86,6 +86,17 @@ def test_leak_in_periodic_chunks_is_not_a_plateau(period, phase):
     assert r.steady_mb_per_min > 10
 
 
+def test_a_rate_drifting_down_is_no_warm_up():
+    """A leak that follows traffic, its thirds at 8.7, 7.2 and 5.3 MB/min (the vintage P/D worker's UCX queue
+    in a CI run): no warm-up to cut (the first third is not much steeper than the middle one), so the rate is
+    the whole series' (~7 MB/min), not the last third's 5.3."""
+    slopes = np.select([T < 20, T < 40], [8.7, 7.2], 5.3) / 60.0  # MB per second, per third
+    y = (150 + np.concatenate([[0], np.cumsum(slopes[1:] * np.diff(T))])) * MB + _noise(7, 0.05)
+    r = rate(T, y, warmup_s=0)
+    assert r.shape is not None and r.shape.kind == "steady", r.shape
+    assert r.steady_mb_per_min == pytest.approx(7.1, rel=0.1), r.shape
+
+
 def test_accelerating_growth_is_steady_not_a_plateau():
     r = rate(T, (150 + 0.02 * T ** 2) * MB)
     assert r.shape.kind == "steady" and r.steady_mb_per_min > 50

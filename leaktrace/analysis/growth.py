@@ -20,7 +20,11 @@ below the leak rate, inconclusive otherwise ("hunt longer"), and states the proj
 third's rate falling on by the same ratio per third: a geometric series). **warm-up** when, not decelerating, the
 first third is at least ``WARMUP_FIRST_SHARE`` times steeper than the last: the warm-up is over and the
 rate is the mean of the last two thirds' slopes when they agree (within ``STEADY_AGREE``), else the last
-third's (a leak on top of a warm-up keeps its own rate). Otherwise
+third's (a leak on top of a warm-up keeps its own rate). When the last two do not agree, the first third
+must also be ``WARMUP_FIRST_SHARE`` times steeper than the middle one: a warm-up is over in the first third
+or settling through the second, while a rate drifting by about as much between each pair of thirds
+(8.7, 7.2, 5.3 MB/min: a leak that follows traffic) has no warm-up to cut, and its last third alone would
+understate it. Otherwise
 **steady**: the Theil–Sen slope of the whole series (after the warm-up cut).
 
 Why thirds and not a fitted model: over a minute, a saturating exponential, a 1/t slowdown and a warm-up
@@ -120,7 +124,7 @@ def growth_shape(t: np.ndarray, y: np.ndarray) -> Shape | None:
         left = s3 * w * r / (1.0 - r) if s3 > 0 and 0 < r < 1 else 0.0
         return Shape("decelerating", thirds, edges[1], float(y[-1] + left), sustained)
     agree = abs(s2 - s3) <= STEADY_AGREE * max(abs(s2), abs(s3), 0.1 * s1)
-    if s1 >= WARMUP_FIRST_SHARE * max(s3, 0.0):
+    if s1 >= WARMUP_FIRST_SHARE * max(s3, 0.0) and (agree or s1 >= WARMUP_FIRST_SHARE * s2):
         return Shape("warm-up", thirds, edges[1] if agree else edges[2], sustained_per_s=sustained,
                      rate_per_s=(s2 + s3) / 2 if agree else s3)
     return Shape("steady", thirds, edges[1], sustained_per_s=sustained)
