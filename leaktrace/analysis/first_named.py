@@ -38,7 +38,11 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
         r = rate(t[: i + 1], y[: i + 1], warmup_s=0.0)
         return r.steady_mb_per_min >= th["ledger_mb_per_min"] and r.confidence >= th["min_confidence"]
 
-    i = _earliest(len(t), named)
+    # A scan from the start, not a binary search: for a leak that follows traffic, whether a prefix names it
+    # is not monotone (a lull mid-hunt makes the prefixes ending in it read as a plateau forming), and a
+    # binary search then lands after the lull (66 s after attach, where the first prefix named it at 10 s).
+    # Each step is one rate() on at most slope.MAX_POINTS samples: cheap.
+    i = next((k for k in range(len(t)) if named(k)), None)
     return None if i is None else float(t[i])
 
 
@@ -87,8 +91,9 @@ def culprit_key(c: dict[str, Any]) -> tuple[Any, ...]:
 def first_named(reader: TableSource, culprits: list[dict[str, Any]], th: dict[str, float] = THRESHOLDS,
                 max_culprits: int = 8) -> None:
     """Sets ``first_named_s`` (seconds from attach) on each culprit: the earliest watcher tick at which
-    re-running the naming step on the session prefix names it (binary search; naming is monotone in
-    practice, since rates firm up as samples accumulate)."""
+    re-running the naming step on the session prefix names it. A ledger culprit: a scan of its own
+    snapshots from the start. Otherwise a binary search over the ticks (the whole naming step is costly to
+    re-run; monotone in practice, since rates firm up as samples accumulate)."""
     rollup = reader.table("rollup")
     if rollup.empty or not culprits:
         return
