@@ -10,6 +10,7 @@ and with a steady malloc leak on top.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -95,6 +96,26 @@ def test_a_rate_drifting_down_is_no_warm_up():
     r = rate(T, y, warmup_s=0)
     assert r.shape is not None and r.shape.kind == "steady", r.shape
     assert r.steady_mb_per_min == pytest.approx(7.1, rel=0.1), r.shape
+
+
+def test_growth_that_slows_with_the_traffic_is_a_leak_not_a_plateau():
+    """A leak per request (400 KB each) under traffic that falls from 30 to 5 requests a minute grows ever
+    slower, like a plateau forming. Given the server's requests on the same clock, the slowing is the
+    traffic's: a leak at the whole window's rate, and the evidence says so. The same series under steady
+    traffic (its growth per request falling) stays a plateau."""
+    req_per_s = np.interp(T, [0, 60], [30, 5]) / 60.0
+    done = np.concatenate([[0], np.cumsum(req_per_s[1:] * np.diff(T))])
+    y = (150 + 0.4 * done) * MB + _noise(8, 0.02)
+    assert rate(T, y, warmup_s=0).decelerating  # without the load: reads as a plateau forming
+    r = rate(T, y, warmup_s=0, work=(T, done))
+    assert r.shape.kind == "load-following" and not r.decelerating, r.shape
+    assert r.steady_mb_per_min == pytest.approx(0.4 * done[-1] / 1.0, rel=0.25)  # ~ the mean rate
+    ev = shape_evidence(r)
+    per_request = re.search(r"\(per request: (\d+) then (\d+) KB\)", ev)
+    assert ev.startswith("growth slowed with the traffic") and per_request, ev
+    assert all(380 <= int(kb) <= 440 for kb in per_request.groups()), ev  # 0.4 MB = 410 KB each
+    steady = np.cumsum(np.full(len(T), done[-1] / (len(T) - 1))) - done[-1] / (len(T) - 1)
+    assert rate(T, y, warmup_s=0, work=(T, steady)).decelerating
 
 
 def test_accelerating_growth_is_steady_not_a_plateau():

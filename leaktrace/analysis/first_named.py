@@ -6,16 +6,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.candidates import THRESHOLDS, is_leaking, ledger_candidates, process_info
 from leaktrace.analysis.growth import process_rates
+from leaktrace.analysis.load import requests_by_pid
 from leaktrace.session import TableSource
 
 _SNAPSHOT_KIND = {"native-mmap": "anon", "malloc-heap": "heap"}
 
 
-def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict[str, float]) -> float | None:
+def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict[str, float],
+                                work: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
     """The ledger's per-tick outstanding bytes of (pid, library): the earliest tick at which the rate
     over the snapshots so far passes the ledger thresholds (the naming rule of ledger_candidates).
     None when the table lacks what is needed (the caller then re-runs the analysis on prefixes)."""
@@ -35,7 +38,7 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
     def named(i: int) -> bool:  # first i+1 snapshots
         if i < 2:
             return False
-        r = rate(t[: i + 1], y[: i + 1], warmup_s=0.0)
+        r = rate(t[: i + 1], y[: i + 1], warmup_s=0.0, work=work)
         return r.steady_mb_per_min >= th["ledger_mb_per_min"] and r.confidence >= th["min_confidence"]
 
     # A scan from the start, not a binary search: for a leak that follows traffic, whether a prefix names it
@@ -121,13 +124,14 @@ def first_named(reader: TableSource, culprits: list[dict[str, Any]], th: dict[st
         return keys
 
     snaps = reader.table("ledger_snapshots") if "ledger_snapshots" in reader.tables() else pd.DataFrame()
+    work = requests_by_pid(reader)
     for c in culprits[:max_culprits]:
         if c.get("first_named_s") is not None:
             continue
         key = culprit_key(c)
         via_ledger = c.get("source") == "ledger"
         if via_ledger:
-            t_named = _first_named_from_snapshots(snaps, c, th)
+            t_named = _first_named_from_snapshots(snaps, c, th, work.get(c["pid"]))
             if t_named is not None:
                 c["first_named_s"] = round(max(t_named - attach, 0.0), 2)
                 continue

@@ -27,6 +27,13 @@ or settling through the second, while a rate drifting by about as much between e
 understate it. Otherwise
 **steady**: the Theil–Sen slope of the whole series (after the warm-up cut).
 
+**load-following**: a decelerating or warm-up shape whose slowing the traffic explains. With the
+cumulative work of the process's server (requests, from /metrics) on the same clock, the growth per unit of
+work in the last third is at least ``LOAD_FOLLOW_SHARE`` of the first third's: the traffic fell and the
+growth with it (a leak per request under a load that varies: UCX's queue grows per munmap, the munmaps come
+with requests). The rate is then the whole series' Theil–Sen slope (the mean rate under the hunt's load). A
+warm-up under steady traffic still reads as one: its growth per request falls.
+
 Why thirds and not a fitted model: over a minute, a saturating exponential, a 1/t slowdown and a warm-up
 on top of a linear leak all fit within noise; what tells them apart is whether the rate is *still falling
 at the end*. A slow warm-up on top of a leak may read as decelerating: it then reads inconclusive, never
@@ -67,6 +74,8 @@ DECEL_STILL_FALLING = 0.9
 # ... warm-up: first third at least this many times the last third's rate, last two within this share.
 WARMUP_FIRST_SHARE = 1.5
 STEADY_AGREE = 0.1
+# Load-following: the last third's growth per unit of work at least this share of the first third's.
+LOAD_FOLLOW_SHARE = 0.6
 # The rate the thirds converge to (exponential excess over a constant) at least this share of the last
 # third's: the slowing is over, what grows on is steady.
 SUSTAINED_SHARE = 0.9
@@ -74,12 +83,13 @@ SUSTAINED_SHARE = 0.9
 
 @dataclass
 class Shape:
-    kind: str  # "steady" | "decelerating" | "warm-up"
+    kind: str  # "steady" | "decelerating" | "warm-up" | "load-following"
     thirds_per_s: tuple[float, float, float]  # Theil–Sen slope of each third (units per second)
     t_split: float  # start of the second third (a warm-up's rate is taken from here)
     plateau: float | None = None  # decelerating: the level the growth converges to (units), projected
     sustained_per_s: float = 0.0  # the rate the thirds converge to (see the module docstring)
     rate_per_s: float = 0.0  # warm-up: the rate after it (the last two thirds' mean slope, or the last's)
+    work_per_s: tuple[float, float, float] | None = None  # load-following: the work done per second, by third
 
     @property
     def first_mb_per_min(self) -> float:
@@ -197,7 +207,26 @@ def _is_step(t: np.ndarray, y: np.ndarray, slope: float) -> tuple[bool, float]:
     return all(s <= flat for s in sides), jump
 
 
-def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float | None = None) -> Rate:
+def load_following(t: np.ndarray, shape: Shape, work: tuple[np.ndarray, np.ndarray]) -> tuple[float, float, float] | None:
+    """The work done per second in each third of the series (t: its times, after the warm-up cut) when the
+    traffic explains the shape's slowing (see the module docstring), else None. ``work``: (times, cumulative
+    work) on the same clock; it must cover the series' first and last thirds."""
+    tw, done = (np.asarray(a, dtype=float) for a in work)
+    w = (t[-1] - t[0]) / 3.0
+    if len(tw) < 2 or w <= 0 or tw[0] > t[0] + w / 2 or tw[-1] < t[-1] - w / 2:
+        return None
+    edges = t[0] + w * np.arange(4)
+    per_s = np.diff(np.interp(edges, tw, done)) / w
+    (s1, _, s3), (w1, _, w3) = shape.thirds_per_s, per_s
+    if s1 <= 0 or w1 <= 0 or w3 <= 0 or s3 / w3 < LOAD_FOLLOW_SHARE * s1 / w1:
+        return None
+    return float(per_s[0]), float(per_s[1]), float(per_s[2])
+
+
+def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float | None = None,
+         work: tuple[np.ndarray, np.ndarray] | None = None) -> Rate:
+    """The leak rate of a series (see the module docstring); ``work``: the cumulative work (requests) of the
+    process's server, (times, counts) on the series' clock, to tell a slowing traffic from a plateau."""
     t = np.asarray(t, dtype=float)
     y = np.asarray(y, dtype=float)
     if len(t) and np.any(np.diff(t) < 0):
@@ -210,6 +239,10 @@ def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float |
     slope, conf = theil_sen(t, y)
     step, jump = _is_step(t, y, slope)
     shape = growth_shape(t, y) if not step else None
+    if shape is not None and work is not None and shape.kind in ("decelerating", "warm-up"):
+        per_work = load_following(t, shape, work)
+        if per_work is not None:  # the traffic slowed, the growth with it: the whole series' rate stands
+            shape = Shape("load-following", shape.thirds_per_s, shape.t_split, work_per_s=per_work)
     if shape is not None and shape.kind == "warm-up":
         # the warm-up is over: the rate is the last thirds' (a leak on top of a warm-up keeps its rate)
         late = t >= shape.t_split
@@ -228,6 +261,12 @@ def shape_evidence(r: Rate, unit_mb: bool = True) -> str | None:
         return (f"growth decelerating: rate fell from {sh.first_mb_per_min:.1f} to {sh.last_mb_per_min:.1f} "
                 f"MB/min over the thirds of the window (still falling at the end){plateau}: a plateau forming "
                 "(warm-up, fragmentation, arenas filling), not a steady leak")
+    if sh.kind == "load-following" and sh.work_per_s is not None:
+        w1, _, w3 = (w * 60.0 for w in sh.work_per_s)
+        return (f"growth slowed with the traffic: {sh.first_mb_per_min:.1f} then {sh.last_mb_per_min:.1f} MB/min "
+                f"over the first and last thirds of the window while requests went from {w1:.1f} to {w3:.1f} a "
+                f"minute (per request: {sh.first_mb_per_min / w1 * 1024:.0f} then {sh.last_mb_per_min / w3 * 1024:.0f} "
+                "KB): a leak that follows load, not a plateau; the rate given is the whole window's")
     return (f"warm-up then steady: the first third of the window grew {sh.first_mb_per_min:.1f} MB/min, "
             f"what follows the warm-up {r.mb_per_min:.1f} MB/min (the rate given)")
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.growth import MB, Rate, rate, shape_evidence
+from leaktrace.analysis.load import requests_by_pid
 from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
 from leaktrace.slope import theil_sen
@@ -171,6 +172,7 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
     if not stacks.empty and "method" in stacks:
         scanned = set(stacks.loc[stacks["method"] == "stack-scan", "stack_key"].astype(str))
     lost = int(counters.sort_values("t").iloc[-1].get("lost_events", 0)) if not counters.empty else 0
+    work = requests_by_pid(reader)  # a leak per request slows with the traffic: no plateau (growth.rate)
     out: list[dict[str, Any]] = []
     for pid, group_library, kind in _groups(snaps):
         t, y = _series(snaps, ticks, pid, group_library, kind)
@@ -178,7 +180,7 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
             continue
         short = pid in exit_t and t[-1] - t[0] < min_span_s
         if len(t) >= 3:
-            r = rate(t, y, warmup_s=0.0)
+            r = rate(t, y, warmup_s=0.0, work=work.get(pid))
             how = f"Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s"
             if r.confidence < HELD_SWITCH_CONFIDENCE and pid not in exit_t:
                 held = _birth_series(regions, pid, group_library, kind, float(t[0]), float(t[-1]) - HELD_YOUNG_S,

@@ -178,6 +178,24 @@ def instances(reader: TableSource) -> list[dict[str, Any]]:
     return out
 
 
+def requests_by_pid(reader: TableSource) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Each process of a scraped vLLM server: (times, cumulative requests) of its server from /metrics,
+    on the session's clock (the work a leak per request follows; growth.rate's ``work``)."""
+    by_url = _metrics_by_url(reader)
+    if not by_url:
+        return {}
+    urls = (reader.meta or {}).get("metrics_urls") or {}
+    pids = {i["instance"]: i["pids"] for i in instances(reader)}
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for url, g in by_url.items():
+        inst = urls.get(url)
+        if inst is None or inst not in pids or "requests" not in g or len(g) < 2:
+            continue
+        series = (g["t"].to_numpy(dtype=float), _cumulative(g["requests"]))
+        out.update(dict.fromkeys(pids[inst], series))
+    return out
+
+
 def load(reader: TableSource) -> dict[str, Any] | None:
     """report.json ``load``; None when no /metrics scrape succeeded."""
     by_url = _metrics_by_url(reader)
