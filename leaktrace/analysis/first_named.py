@@ -43,7 +43,7 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
 
     # A scan from the start, not a binary search: for a leak that follows traffic, whether a prefix names it
     # is not monotone (a lull mid-hunt makes the prefixes ending in it read as a plateau forming), and a
-    # binary search then lands after the lull (66 s after attach, where the first prefix named it at 10 s).
+    # binary search then lands after the lull (vint10: 66.5 s after attach; the first naming prefix, 3.5 s).
     # Each step is one rate() on at most slope.MAX_POINTS samples: cheap.
     i = next((k for k in range(len(t)) if named(k)), None)
     return None if i is None else float(t[i])
