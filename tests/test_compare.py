@@ -113,6 +113,27 @@ def test_the_change_is_judged_by_the_culprits_it_addresses(tmp_path, applied, uc
     assert ("UCX_RCACHE_MAX_UNRELEASED inf → 1024" in render_html(cmp)) == (applied == "1024")
 
 
+@pytest.mark.parametrize("applied,verdict", [("1024", "fixed"), ("inf", "inconclusive")])
+def test_an_inconclusive_after_hunt_is_judged_by_what_the_change_addressed(tmp_path, applied, verdict):
+    """The after hunt inconclusive about other growth (the vintage control's worker: 1.7 MB/min of its own
+    warm-up at sign agreement 0.747, under 0.75), with the UCX culprit gone: when the change addressed that
+    culprit (its remedy's setting differs), the verdict is the change's, the after hunt's doubt stated in the
+    reason; when nothing it names changed, inconclusive as before."""
+    before = json.loads((GOLDEN / "ucx" / "expected" / "report.json").read_text())
+    assert before["verdict"] == "leak"
+    after = _with_setting(json.loads(json.dumps(before)), applied)
+    doubt = "inconclusive pid(s) [7] grow ≥ 1.0 MB/min but with confidence below 0.75 or over too short a span"
+    after.update(culprits=[], verdict="inconclusive", verdict_reason=doubt)
+    cmp = compare_reports(before, after, tmp_path / "b", tmp_path / "a")
+    assert cmp["verdict"] == verdict, cmp["verdict_reason"]
+    assert {c["library"]: c["status"] for c in cmp["culprits"]} == {"libucm.so": "gone"}
+    if verdict == "fixed":
+        assert "UCX_RCACHE_MAX_UNRELEASED inf → 1024" in cmp["verdict_reason"], cmp["verdict_reason"]
+        assert cmp["verdict_reason"].endswith(f"beside it, the after hunt is inconclusive: {doubt}"), cmp["verdict_reason"]
+    else:
+        assert cmp["verdict_reason"] == "the after hunt is inconclusive"
+
+
 def test_bad_input_is_one_line(tmp_path):
     r = run_cli("compare", tmp_path / "missing", GOLDEN / "demo")
     assert r.returncode == 7 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
