@@ -22,6 +22,7 @@ from conftest import REPO, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 HUNT_S = 20
+KILL_HUNT_S = 60
 LEAK_KIB_S = 1024  # 60 MiB/min
 NO_BPF = ["setpriv", "--bounding-set", "-bpf,-perfmon,-sys_admin", "--inh-caps", "-bpf,-perfmon,-sys_admin", "--"]
 
@@ -78,6 +79,18 @@ def _recording(n: int) -> bool:
     return len(outs) == n and all(any((o / "tables" / "rollup").glob("part-*")) for o in outs)
 
 
+def _await_recording(driver: subprocess.Popen, n: int) -> None:
+    """The handshake, failing with what the driver printed: a driver that ended before ``n`` node hunts ran
+    together says why (a node that failed to start, or one started after the other had finished)."""
+    if wait_for(lambda: _recording(n), timeout=120):
+        return
+    if driver.poll() is None:
+        os.killpg(driver.pid, signal.SIGKILL)
+    stdout, stderr = driver.communicate(timeout=60)
+    pytest.fail(f"{n} node hunts never recorded together (now: {_node_hunts()}); driver exit {driver.returncode}\n"
+                f"stdout: {stdout[-2000:]}\nstderr: {stderr[-2000:]}")
+
+
 def test_node_without_bpf_hunts_with_proc_only_and_says_so(faults_cluster, tmp_path: Path) -> None:
     out = tmp_path / "hunt"
     driver = _driver(faults_cluster, out, "lt-head,lt-nobpf", HUNT_S, "--no-gdb")
@@ -111,7 +124,7 @@ def test_driver_killed_leaves_no_hunt_no_stopped_target(faults_cluster, tmp_path
     SIGTERM from its dying task (PR_SET_PDEATHSIG) and stops cleanly — gdb detached, probe unloaded."""
     driver = _driver(faults_cluster, tmp_path / "hunt", "lt-head,lt-doomed", 600)
     try:
-        assert wait_for(lambda: _recording(2), timeout=120), (_node_hunts(), driver.poll())
+        _await_recording(driver, 2)
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
@@ -131,14 +144,17 @@ def test_node_killed_midhunt_is_reported_and_others_kept(faults_cluster, tmp_pat
     """The raylet of lt-doomed is killed while both nodes hunt (its node dies with it): the merged report
     names lt-doomed as failed with the reason, and lt-head's whole hunt is kept. Destroys lt-doomed: last."""
     out = tmp_path / "hunt"
-    driver = _driver(faults_cluster, out, "lt-head,lt-doomed", HUNT_S)
+    # Longer than the other cases: the kill needs both node hunts running at once. In one CI run the driver
+    # of a 20 s hunt ended (exit 0) before the handshake ever saw both recording; a node whose Ray workers
+    # the previous case's killed driver took down may start its task late, so the overlap gets room.
+    driver = _driver(faults_cluster, out, "lt-head,lt-doomed", KILL_HUNT_S)
     try:
-        assert wait_for(lambda: _recording(2), timeout=120), (_node_hunts(), driver.poll())
+        _await_recording(driver, 2)
         doomed = faults_cluster.node("lt-doomed")
         r = subprocess.run([*doomed.enter(), "pkill", "-KILL", "-x", "raylet"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         t_kill = time.monotonic()
-        stdout, stderr = driver.communicate(timeout=HUNT_S + 180)
+        stdout, stderr = driver.communicate(timeout=KILL_HUNT_S + 180)
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
@@ -152,6 +168,6 @@ def test_node_killed_midhunt_is_reported_and_others_kept(faults_cluster, tmp_pat
     assert head["culprits"][0]["pid"] == faults_cluster.fixtures["lt-head"].pid
     assert report["verdict"] == "leak"
     assert "1 node(s) ok, 1 failed" in report["stop_reason"]
-    assert time.monotonic() - t_kill < HUNT_S + 120  # the driver did not wait out a long timeout
+    assert time.monotonic() - t_kill < KILL_HUNT_S + 120  # the driver did not wait out a long timeout
     md = (out / "report.md").read_text()
     assert "## Failed nodes" in md and "lt-doomed" in md
