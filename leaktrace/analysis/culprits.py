@@ -109,6 +109,27 @@ def _order(culprits: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                            -(c["outstanding_bytes"] or 0)))
 
 
+def uncovered_watcher(watcher: list[Candidate], ledger: list[Candidate], python: list[Candidate]) -> list[Candidate]:
+    """The watcher candidates that attributed candidates do not already explain.
+
+    A process whose growth is explained by attributed candidates keeps no duplicate /proc-only one of
+    the same kind (anonymous growth named by the ledger is the same memory) — unless the ledger's rate
+    explains less than half of what /proc sees grow: then the larger growth is not the ledger's."""
+    ledger_rate: dict[tuple[int, str], float] = {}
+    for c in ledger:
+        ledger_rate[(c.pid, c.kind)] = ledger_rate.get((c.pid, c.kind), 0.0) + c.mb_per_min
+    python_covered = {(c.pid, k) for c in python for k in ("native-mmap", "malloc-heap", "other")}
+    # malloc's chunks above the mmap threshold are anonymous mappings to /proc: the ledger's malloc-heap
+    # candidate explains the process's anonymous growth when its rate accounts for it
+    heap_rate: dict[int, float] = {}
+    for c in ledger:
+        if c.kind == "malloc-heap":
+            heap_rate[c.pid] = heap_rate.get(c.pid, 0.0) + c.mb_per_min
+    return [c for c in watcher if (c.pid, c.kind) not in python_covered
+            and ledger_rate.get((c.pid, c.kind), 0.0) < COVERED_SHARE * c.mb_per_min
+            and not (c.kind == "native-mmap" and c.mb_per_min <= 1.25 * heap_rate.get(c.pid, -1.0))]
+
+
 def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[str, Any]] | None = None,
                   shm: pd.DataFrame | None = None, warnings: list[str] | None = None,
                   rules: list[Rule] | None = None, th: dict[str, float] = THRESHOLDS) -> Findings:
@@ -125,23 +146,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     # Python objects that explain a process's growth take in the allocator's candidates of that process
     # (libc / interpreter malloc, /proc-only): the same memory, not separate leaks.
     ledger = fold_native(python, ledger, types)
-    watcher = fold_native(python, watcher, types)
-    # A process whose growth is explained by attributed candidates keeps no duplicate /proc-only one of
-    # the same kind (anonymous growth named by the ledger is the same memory) — unless the ledger's rate
-    # explains less than half of what /proc sees grow: then the larger growth is not the ledger's.
-    ledger_rate: dict[tuple[int, str], float] = {}
-    for c in ledger:
-        ledger_rate[(c.pid, c.kind)] = ledger_rate.get((c.pid, c.kind), 0.0) + c.mb_per_min
-    python_covered = {(c.pid, k) for c in python for k in ("native-mmap", "malloc-heap", "other")}
-    # malloc's chunks above the mmap threshold are anonymous mappings to /proc: the ledger's malloc-heap
-    # candidate explains the process's anonymous growth when its rate accounts for it
-    heap_rate: dict[int, float] = {}
-    for c in ledger:
-        if c.kind == "malloc-heap":
-            heap_rate[c.pid] = heap_rate.get(c.pid, 0.0) + c.mb_per_min
-    watcher = [c for c in watcher if (c.pid, c.kind) not in python_covered
-               and ledger_rate.get((c.pid, c.kind), 0.0) < COVERED_SHARE * c.mb_per_min
-               and not (c.kind == "native-mmap" and c.mb_per_min <= 1.25 * heap_rate.get(c.pid, -1.0))]
+    watcher = uncovered_watcher(fold_native(python, watcher, types), ledger, python)
     cands = ledger + python + watcher
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
