@@ -109,22 +109,30 @@ def _order(culprits: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                            -(c["outstanding_bytes"] or 0)))
 
 
+def _window_rate(c: Candidate) -> float:
+    """A ledger candidate's rate over the whole window (its raw rate; the steady one when that is all)."""
+    return max(c.mb_per_min, float(c.extra.get("raw_mb_per_min") or 0.0))
+
+
 def uncovered_watcher(watcher: list[Candidate], ledger: list[Candidate], python: list[Candidate]) -> list[Candidate]:
     """The watcher candidates that attributed candidates do not already explain.
 
     A process whose growth is explained by attributed candidates keeps no duplicate /proc-only one of
     the same kind (anonymous growth named by the ledger is the same memory) — unless the ledger's rate
-    explains less than half of what /proc sees grow: then the larger growth is not the ledger's."""
+    explains less than half of what /proc sees grow: then the larger growth is not the ledger's.
+    Like is compared with like: /proc's rate is the whole window's, so the ledger's is too, not the
+    steady rate after a warm-up its culprit reports (the same memory read as 6 MB/min steady after a
+    warm-up and as 17 MB/min over the window is one culprit, not a ledger one and a /proc duplicate)."""
     ledger_rate: dict[tuple[int, str], float] = {}
     for c in ledger:
-        ledger_rate[(c.pid, c.kind)] = ledger_rate.get((c.pid, c.kind), 0.0) + c.mb_per_min
+        ledger_rate[(c.pid, c.kind)] = ledger_rate.get((c.pid, c.kind), 0.0) + _window_rate(c)
     python_covered = {(c.pid, k) for c in python for k in ("native-mmap", "malloc-heap", "other")}
     # malloc's chunks above the mmap threshold are anonymous mappings to /proc: the ledger's malloc-heap
     # candidate explains the process's anonymous growth when its rate accounts for it
     heap_rate: dict[int, float] = {}
     for c in ledger:
         if c.kind == "malloc-heap":
-            heap_rate[c.pid] = heap_rate.get(c.pid, 0.0) + c.mb_per_min
+            heap_rate[c.pid] = heap_rate.get(c.pid, 0.0) + _window_rate(c)
     return [c for c in watcher if (c.pid, c.kind) not in python_covered
             and ledger_rate.get((c.pid, c.kind), 0.0) < COVERED_SHARE * c.mb_per_min
             and not (c.kind == "native-mmap" and c.mb_per_min <= 1.25 * heap_rate.get(c.pid, -1.0))]
