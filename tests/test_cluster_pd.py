@@ -202,7 +202,11 @@ def test_cluster_hunt_vllm_names_decode_node_and_shows_prefill_clean(pd_cluster,
     assert top["instance"] == decode_instance["instance"], (top, decode_instance)
     assert top["mb_per_min"] > 5, top
     if is_root():
-        assert top["library"] == "libinvq_leak.so" and top["source"] == "ledger", top
+        # The library comes from the node's eBPF ledger across its PID namespace: as the ledger's own culprit,
+        # or joined by address to /proc's growth when the two rate the window differently ("watcher+ledger",
+        # CI run 25; which of the two ranks first is the analysis's business: tests/test_coverage.py).
+        culprits = [(c["source"], c["library"], c["mb_per_min"], c["evidence"]) for c in dc["culprits"]]
+        assert top["library"] == "libinvq_leak.so" and top["source"] in ("ledger", "watcher+ledger"), culprits
     assert report["culprits"][0]["hostname"] == DC[0]
 
     # The prefill node is clean: nothing comparable there.
