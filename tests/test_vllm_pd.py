@@ -10,6 +10,8 @@ the worker and the library.
 from __future__ import annotations
 
 import json
+import warnings
+from pathlib import Path
 
 import pytest
 from conftest import REPO, is_root, run_cli
@@ -19,6 +21,11 @@ from leaktrace.session import SessionReader
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 LEAK_LIB = REPO / ".cache" / "libinvq_leak.so"
+# Syscalls a second that the hunt's kernel counters see in the tree while the stand-in keeps its pace
+# (1,000 mmaps and 2,000 munmaps a second in the decode worker): 2,084 and 2,278 in two runs here. Under a
+# quarter of that, the box starved the pair and the stand-in barely ran (CI: 123 a second, 10,128 munmaps
+# in 57 s, every process of the tree without events for 8-12 s at a time, the hunt's ticks 20 s late).
+STAND_IN_SYSCALLS_S = 2000
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +74,17 @@ def test_ps_roles_and_ucx(pd) -> None:
         assert u["leak_prone"] is (role == "decode")
 
 
+def _stand_in_starved(out: Path) -> bool:
+    """The hunt's kernel counters saw the tree make under a quarter of the stand-in's syscalls."""
+    if not is_root():
+        return False  # no eBPF counters: nothing to tell it by
+    c = SessionReader(out).table("bpf_counters")
+    if len(c) < 2:
+        return False
+    span = float(c["t"].max() - c["t"].min())
+    return span > 0 and float(c["syscalls"].max() - c["syscalls"].min()) < 0.25 * STAND_IN_SYSCALLS_S * span
+
+
 def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
     prefill, decode, proxy = pd
     # Two clients: a P/D request here may wait ~30 s (the decode pulls after the prefill's lease expires),
@@ -80,7 +98,13 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
         # wait in the ring past the stop); open issue, see the session note of 2026-12-01.
         # 60 s: on 2 cores beside the pair the hunt's ticks can stop for 25-45 s at a time (CI once had none
         # between 6 s and 50 s of a 40 s hunt, and nothing was named).
-        rep, err = hunt_vllm(tmp_path / "h", 60, ("--no-pyheap",))
+        out = tmp_path / "h"
+        rep, err = hunt_vllm(out, 60, ("--no-pyheap",))
+        if _stand_in_starved(out):
+            # The precondition failed, not the tool: the leak it must find hardly happened. Once more.
+            warnings.warn(f"the box starved the P/D pair during the hunt ({out}): hunting once more", stacklevel=1)
+            out = tmp_path / "h2"
+            rep, err = hunt_vllm(out, 60, ("--no-pyheap",))
     finally:
         for load in loads:
             load.stop()
@@ -134,7 +158,7 @@ def test_hunt_vllm_pd_names_decode_leak(pd, tmp_path) -> None:
         # munmap the kernel saw in that process (within the one chunk partly filled at attach; munmaps
         # the kernel settled itself, not sent as events, widen that). A loaded machine may delay the
         # churn thread, which then catches up in a burst: that moves the slope, never this count.
-        reader = SessionReader(tmp_path / "h")
+        reader = SessionReader(out)
         ev = reader.table("bpf_events")
         munmaps = int(((ev["pid"] == c["pid"]) & (ev["type"] == "munmap")).sum())
         settled = int(reader.table("bpf_counters")["settled"].max())
