@@ -22,7 +22,8 @@ from leaktrace.session import SessionReader
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 LEAK_LIB = REPO / ".cache" / "libinvq_leak.so"
 # Syscalls a second that the hunt's kernel counters see in the tree while the stand-in keeps its pace
-# (1,000 mmaps and 2,000 munmaps a second in the decode worker): 2,084 and 2,278 in two runs here. Under a
+# (1,000 mmaps and 2,000 munmaps a second in the decode worker): 2,084 and 2,278 in the decode node's tree
+# of two test_cluster_pd runs here (the same stand-in; this tree adds the prefill's own). Under a
 # quarter of that, the box starved the pair and the stand-in barely ran (CI: 123 a second, 10,128 munmaps
 # in 57 s, every process of the tree without events for 8-12 s at a time, the hunt's ticks 20 s late).
 STAND_IN_SYSCALLS_S = 2000
