@@ -27,7 +27,7 @@ def test_growth_the_ledger_does_not_explain_stays_a_watcher_candidate() -> None:
     # The ledger grew 6 MB/min over the window, /proc 17.5: most of the growth is not the ledger's.
     w = _watcher(17.5)
     assert uncovered_watcher([w], [_ledger(6.0, 6.0)], []) == [w]
-    # ... nor another kind's, nor another process's.
+    # ... nor is it covered by a ledger candidate of another kind.
     assert uncovered_watcher([w], [_ledger(16.8, 16.8, kind="shm")], []) == [w]
 
 
