@@ -1,6 +1,8 @@
 """The Python mirror of bpf/leaktrace.h (the only copy in Python): slow-path event types, the per-CPU
 counters, and the ctypes layouts of the kernel's region map (key, value) and of a ring-buffer event.
-Keep it in step with the header, field for field."""
+Field for field and constant for constant it must match the header: tests/test_bpf_layout.py compiles
+the header and compares every struct's size, every field's offset, size and signedness, and every
+constant named here (``X`` is the header's ``LT_X``)."""
 
 from __future__ import annotations
 
