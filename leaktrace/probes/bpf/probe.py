@@ -69,9 +69,8 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         # unless the user asked for it explicitly (options.bpf_required).
         self.required = bool(options is not None and options.bpf_required)
         self.poll_interval = poll_interval
-        # 32 MiB, ~280,000 records: a loaded P/D pair makes 2,000-3,200 calls/s and the poll thread has gone 20-40 s
-        # undrained on 2 busy cores (8 MiB lost 5,748 and 14,470 events; a lost munmap leaves a region outstanding).
-        self.defines = {"LT_RING_PAGES": 8192, **(defines or {})}
+        # Compile-time knobs over bpf/leaktrace.bpf.c's defaults (the ring's size among them: LT_RING_PAGES).
+        self.defines = dict(defines or {})
         self.ledger = OutstandingLedger()
         self.symbols = Symbolizer()
         self.scanner = StackScanner(self.symbols)
