@@ -38,6 +38,7 @@ class Rule:
             and bool(self._res["library"].search(c.library or ""))
 
     def _prereq(self, c: Candidate) -> bool:
+        """The match's conditions besides its patterns (kind, memory class, Python target): all must hold."""
         m = self.match
         if "kind" in m and c.kind not in m["kind"]:
             return False
@@ -46,12 +47,7 @@ class Rule:
         return not (m.get("python") and not c.python)
 
     def matches(self, c: Candidate) -> bool:
-        m = self.match
-        if "kind" in m and c.kind not in m["kind"]:
-            return False
-        if "cls" in m and c.cls not in m["cls"]:
-            return False
-        if m.get("python") and not c.python:
+        if not self._prereq(c):
             return False
         if not self._res:
             return True
