@@ -145,3 +145,32 @@ class Probe(Protocol):
     def stop(self) -> None: ...
 
     def summary(self) -> dict[str, Any]: ...
+
+
+class RereadingProbe:
+    """The frame of a probe that reads its targets at start, as ticks come and a last time at stop: it keeps
+    the hunt's options, the context from ``start`` on and the ticks counted, and calls ``_read(edge)`` with
+    edge "start", "tick" or "stop" (at stop only when it was started). A subclass sets ``name`` and writes
+    ``_read`` and ``summary``; it decides on which ticks a read is due."""
+
+    name = ""
+
+    def __init__(self, options: HuntOptions) -> None:
+        self.options = options
+        self.ctx: HuntContext | None = None
+        self._ticks = 0
+
+    def start(self, ctx: HuntContext) -> None:
+        self.ctx = ctx
+        self._read("start")
+
+    def tick(self, now: float) -> None:
+        self._ticks += 1
+        self._read("tick")
+
+    def stop(self) -> None:
+        if self.ctx is not None:
+            self._read("stop")
+
+    def _read(self, edge: str) -> None:
+        raise NotImplementedError

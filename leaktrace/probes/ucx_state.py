@@ -12,29 +12,26 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
-from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes import HuntOptions, RereadingProbe
 from leaktrace.vllm import ucx
 
 _COMPARED = ("hooks_active", "hook_mode", "rcache_max_unreleased", "rcache_enable", "ucx_libs")
 
 
-class UcxStateProbe:
+class UcxStateProbe(RereadingProbe):
     name = "ucx"
 
     def __init__(self, options: HuntOptions, every: int = 10) -> None:
-        self.options = options
+        super().__init__(options)
         self.every = every
-        self.ctx: HuntContext | None = None
         self.last: dict[int, dict[str, Any]] = {}
         self.without_ucx: dict[int, int] = {}  # pid -> tick it was last seen without UCX mapped
-        self._ticks = 0
 
-    def start(self, ctx: HuntContext) -> None:
-        self.ctx = ctx
-        self._scan(force=True)
-
-    def _scan(self, force: bool = False) -> None:
+    def _read(self, edge: str) -> None:
+        """A tick reads the processes not known yet, and all of them every ``every`` ticks; start and stop read
+        every process and write a row for each (the stop's row is its last)."""
         assert self.ctx is not None
+        force = edge != "tick"
         for pid in self.ctx.targets.live():
             if not force and self._ticks % self.every and (pid in self.last or pid in self.without_ucx):
                 continue  # known: look again every `every` ticks (UCX may be dlopen'ed later)
@@ -54,14 +51,6 @@ class UcxStateProbe:
                     self.ctx.log(f"ucx: pid {pid} has UCX memory hooks on with an unbounded invalidation "
                                  f"queue ({cfg.hook_mode}, UCX_RCACHE_MAX_UNRELEASED={cfg.rcache_max_unreleased})")
             self.last[pid] = row
-
-    def tick(self, now: float) -> None:
-        self._ticks += 1
-        self._scan()
-
-    def stop(self) -> None:
-        if self.ctx is not None:
-            self._scan(force=True)
 
     def summary(self) -> dict[str, Any]:
         return {str(pid): {k: r.get(k) for k in (*_COMPARED, "leak_prone")} for pid, r in self.last.items()}

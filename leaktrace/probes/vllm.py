@@ -13,26 +13,28 @@ import json
 from typing import Any
 
 from leaktrace.errors import LeaktraceError
-from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes import HuntContext, HuntOptions, RereadingProbe
 from leaktrace.vllm.discover import discover, instances
 
 
-class VllmProbe:
+class VllmProbe(RereadingProbe):
     name = "vllm"
 
     def __init__(self, options: HuntOptions, rediscover_every: int = 15) -> None:
-        self.options = options
+        super().__init__(options)
         self.rediscover_every = rediscover_every
-        self.ctx: HuntContext | None = None
         self.seen: set[int] = set()
         self.instances: list[dict[str, Any]] = []
-        self._ticks = 0
 
     def start(self, ctx: HuntContext) -> None:
-        self.ctx = ctx
-        self._record(first=True)
+        super().start(ctx)
         if not self.instances:
             ctx.warn("vllm: no vLLM server found among the targets; the hunt goes on with what it can see")
+
+    def _read(self, edge: str) -> None:
+        if edge == "tick" and self._ticks % self.rediscover_every:
+            return
+        self._record(first=edge == "start")
 
     def _record(self, first: bool = False) -> None:
         assert self.ctx is not None
@@ -64,15 +66,6 @@ class VllmProbe:
             for i in insts:
                 ctx.log(f"vllm: instance {i['instance']} role={i['role']} port={i.get('port')} "
                         f"processes={len(i['pids'])}")
-
-    def tick(self, now: float) -> None:
-        self._ticks += 1
-        if self._ticks % self.rediscover_every == 0:
-            self._record()
-
-    def stop(self) -> None:
-        if self.ctx is not None:
-            self._record()
 
     def summary(self) -> dict[str, Any]:
         return {"instances": [{k: i.get(k) for k in ("instance", "role", "port", "pids")} for i in self.instances]}
