@@ -1,6 +1,6 @@
 """A session table's Parquet part files: names, reading order, and compaction (parts merged into range
 files, tiered, so a long hunt keeps a bounded number of files). Used by the writer's flush thread and by
-the reader; see leaktrace/session.py for the layout and the crash-safety argument."""
+the reader; see leaktrace/session/__init__.py for the layout and the crash-safety argument."""
 
 from __future__ import annotations
 
