@@ -4,39 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from leaktrace.report.markdown import table
+
 
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# leaktrace cluster report — verdict: **{report['verdict']}**", "",
              f"Ray at `{report.get('address')}`, targets `{report.get('targets')}`; "
              f"{report['stop_reason']}; longest node hunt {report['duration_s']:.1f} s.", "",
-             "## Nodes", "", "| node | IP | node id | status | verdict | top culprit | reason |",
-             "|---|---|---|---|---|---|---|"]
-    for n in report["nodes"]:
-        top = n["culprits"][0] if n["culprits"] else None
-        top_s = (f"{top['kind']} {top.get('library') or ''} pid {top['pid']} {top['mb_per_min']:.2f} MB/min"
-                 if top else "—")
-        status = "nothing to hunt" if n.get("no_targets") else n["status"]
-        lines.append(f"| {n['hostname']} | {n.get('ip') or ''} | `{str(n['node_id'])[:12]}` | {status} | "
-                     f"{n['verdict'] or '—'} | {top_s} | {'; '.join([n['reason'] or '', *n.get('notes', [])]).strip('; ')} |")
+             "## Nodes", "", *table(["node", "IP", "node id", "status", "verdict", "top culprit", "reason"], "lllllll",
+                                    (_node_row(n) for n in report["nodes"]))]
     if report["roles"]:
-        lines += ["", "## vLLM instances by role (prefill vs decode)", "",
-                  "| role | node | instance | pids | RSS MB/min | anon MB/min | USS MB/min |",
-                  "|---|---|---|---|---:|---:|---:|"]
-        for role, insts in report["roles"].items():
-            for i in insts:
-                lines.append(f"| {role} | {i['hostname']} | {i.get('instance')} | "
-                             f"{', '.join(map(str, i['pids']))} | {i['rss_mb_per_min']:.2f} | "
-                             f"{i['anon_mb_per_min']:.2f} | {i['uss_mb_per_min']:.2f} |")
+        lines += ["", "## vLLM instances by role (prefill vs decode)", "", *table(
+            ["role", "node", "instance", "pids", "RSS MB/min", "anon MB/min", "USS MB/min"], "llllrrr",
+            ([role, i["hostname"], i.get("instance"), ", ".join(map(str, i["pids"])), f"{i['rss_mb_per_min']:.2f}",
+              f"{i['anon_mb_per_min']:.2f}", f"{i['uss_mb_per_min']:.2f}"]
+             for role, insts in report["roles"].items() for i in insts))]
     if report["recurring_culprits"]:
         lines += ["", "## Culprits recurring across nodes", ""]
         for r in report["recurring_culprits"]:
             lines.append(f"- {r['kind']} {r.get('library') or '(library unknown, ' + str(r['process_label']) + ')'}"
                          f" on {', '.join(r['nodes'])}: {r['mb_per_min_total']:.2f} MB/min in total")
-    lines += ["", "## Processes", "", "| node | pid | label | RSS MB/min | anon MB/min | USS MB/min |",
-              "|---|---:|---|---:|---:|---:|"]
-    for p in report["processes"]:
-        lines.append(f"| {p['hostname']} | {p['pid']} | {p['label']} | {p['rss_mb_per_min']:.2f} | "
-                     f"{p['anon_mb_per_min']:.2f} | {p['uss_mb_per_min']:.2f} |")
+    lines += ["", "## Processes", "", *table(
+        ["node", "pid", "label", "RSS MB/min", "anon MB/min", "USS MB/min"], "lrlrrr",
+        ([p["hostname"], p["pid"], p["label"], f"{p['rss_mb_per_min']:.2f}", f"{p['anon_mb_per_min']:.2f}",
+          f"{p['uss_mb_per_min']:.2f}"] for p in report["processes"]))]
     lines += ["", "## Culprits", ""]
     if not report["culprits"]:
         lines.append("None.")
@@ -56,3 +47,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "Per-node sessions: `nodes/<node>/` (re-render one with `leaktrace report`)."]
     return "\n".join(lines) + "\n"
 
+
+def _node_row(n: dict[str, Any]) -> list[Any]:
+    top = n["culprits"][0] if n["culprits"] else None
+    top_s = f"{top['kind']} {top.get('library') or ''} pid {top['pid']} {top['mb_per_min']:.2f} MB/min" if top else "—"
+    status = "nothing to hunt" if n.get("no_targets") else n["status"]
+    reason = "; ".join([n["reason"] or "", *n.get("notes", [])]).strip("; ")
+    return [n["hostname"], n.get("ip") or "", f"`{str(n['node_id'])[:12]}`", status, n["verdict"] or "—", top_s, reason]

@@ -9,6 +9,7 @@ from typing import Any
 
 from leaktrace.analysis.compare import describe_change
 from leaktrace.atomic import atomic_write_text
+from leaktrace.report.markdown import table
 
 FORMATS = ("json", "md", "html")
 
@@ -36,18 +37,16 @@ def render_markdown(cmp: dict[str, Any]) -> str:
     if not cmp["culprits"]:
         lines.append("None on either side.")
     else:
-        lines += ["| status | role | kind | library | before MB/min | after MB/min | before outstanding MB | "
-                  "after outstanding MB | remedy setting changed |", "|---|---|---|---|---:|---:|---:|---:|---|"]
-        for r in cmp["culprits"]:
-            status = r["status"] + (f" ({r['change']})" if r.get("change") else "")
-            lines.append(f"| {status} | {r['role']} | {r['kind']} | {r['label']} | {_mb(r['before_mb_per_min'])} | "
-                         f"{_mb(r['after_mb_per_min'])} | {r['before_outstanding_bytes'] / 2**20:.1f} | "
-                         f"{r['after_outstanding_bytes'] / 2**20:.1f} | {remedy_applied(r) or '-'} |")
-    lines += ["", "### Processes by role", "", "| role/label | before n | after n | before RSS MB/min | after RSS MB/min |",
-              "|---|---:|---:|---:|---:|"]
-    for p in cmp["processes"]:
-        lines.append(f"| {p['key']} | {p['before_count']} | {p['after_count']} | {_mb(p['before_rss_mb_per_min'])} | "
-                     f"{_mb(p['after_rss_mb_per_min'])} |")
+        lines += table(["status", "role", "kind", "library", "before MB/min", "after MB/min", "before outstanding MB",
+                        "after outstanding MB", "remedy setting changed"], "llllrrrrl",
+                       ([r["status"] + (f" ({r['change']})" if r.get("change") else ""), r["role"], r["kind"], r["label"],
+                         _mb(r["before_mb_per_min"]), _mb(r["after_mb_per_min"]),
+                         f"{r['before_outstanding_bytes'] / 2**20:.1f}", f"{r['after_outstanding_bytes'] / 2**20:.1f}",
+                         remedy_applied(r) or "-"] for r in cmp["culprits"]))
+    lines += ["", "### Processes by role", "", *table(
+        ["role/label", "before n", "after n", "before RSS MB/min", "after RSS MB/min"], "lrrrr",
+        ([p["key"], p["before_count"], p["after_count"], _mb(p["before_rss_mb_per_min"]), _mb(p["after_rss_mb_per_min"])]
+         for p in cmp["processes"]))]
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,17 @@ MAX_STACK = 20
 
 def _f(v: Any, fmt: str = ".2f") -> str:
     return "" if v is None else format(v, fmt)
+
+
+def table(heads: Sequence[str], align: str, rows: Iterable[Sequence[Any]]) -> list[str]:
+    """A Markdown table as lines: the header, its rule (``align``: one letter a column, ``l`` for text,
+    ``r`` for numbers, right-aligned) and one line a row, each cell as ``str()`` writes it."""
+    rule = {"l": "---", "r": "---:"}
+    return [_row(heads), "|" + "|".join(rule[a] for a in align) + "|", *(_row(r) for r in rows)]
+
+
+def _row(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def render(report: Report) -> str:
@@ -56,23 +68,21 @@ def render(report: Report) -> str:
         lines.append("")
     if len(culprits) > MAX_CULPRITS:
         lines += [f"({len(culprits) - MAX_CULPRITS} more in report.json)", ""]
-    lines += ["### Processes", "", "| pid | ppid | label | title | RSS MB/min | anon MB/min | USS MB/min | confidence | RSS MB |",
-              "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
-    for p in report["processes"]:
-        lines.append(f"| {p['pid']} | {p['ppid']} | {p['label']} | {p.get('title', '')} | {p['rss_mb_per_min']:.2f} | "
-                     f"{p['anon_mb_per_min']:.2f} | {p['uss_mb_per_min']:.2f} | {_f(p.get('rss_confidence'))} | "
-                     f"{_f(p.get('rss_last_mb'), '.1f')} |")
+    lines += ["### Processes", "", *table(
+        ["pid", "ppid", "label", "title", "RSS MB/min", "anon MB/min", "USS MB/min", "confidence", "RSS MB"], "rrllrrrrr",
+        ([p["pid"], p["ppid"], p["label"], p.get("title", ""), f"{p['rss_mb_per_min']:.2f}", f"{p['anon_mb_per_min']:.2f}",
+          f"{p['uss_mb_per_min']:.2f}", _f(p.get("rss_confidence")), _f(p.get("rss_last_mb"), ".1f")]
+         for p in report["processes"]))]
     lines += _ended(report)
     gbc = report.get("growth_by_class") or {}
     if gbc:
-        lines += ["", "### Growth by memory class (MB/min)", "", "| class | MB/min |", "|---|---:|"]
-        lines += [f"| {k} | {v:.2f} |" for k, v in gbc.items()]
+        lines += ["", "### Growth by memory class (MB/min)", "",
+                  *table(["class", "MB/min"], "lr", ([k, f"{v:.2f}"] for k, v in gbc.items()))]
     regs = (report.get("regions") or {}).get("growing") or []
     if regs:
-        lines += ["", "### Top growing regions", "", "| pid | start | path | class | MB grown | moves |",
-                  "|---:|---|---|---|---:|---:|"]
-        lines += [f"| {r['pid']} | `{r['start']}` | {r['path']} | {r['cls']} | {r['growth_mb']:.2f} | {r['moves']} |"
-                  for r in regs[:10]]
+        lines += ["", "### Top growing regions", "", *table(
+            ["pid", "start", "path", "class", "MB grown", "moves"], "rlllrr",
+            ([r["pid"], f"`{r['start']}`", r["path"], r["cls"], f"{r['growth_mb']:.2f}", r["moves"]] for r in regs[:10]))]
     th = report.get("thresholds") or {}
     if th:
         lines += ["", "<details><summary>Thresholds</summary>", "",
@@ -84,9 +94,9 @@ def render(report: Report) -> str:
                   f"{tc['max_late_s']:.1f} s late, at {_f(tc.get('max_late_at_s'), '.1f')} s). leaktrace used "
                   f"{_f(tc.get('process_cpu_s'), '.1f')} CPU s in all, its helpers "
                   f"{_f(tc.get('children_cpu_s'), '.1f')}.", "",
-                  "| probe | ticks | wall s | CPU s | slowest tick s | at s |", "|---|---:|---:|---:|---:|---:|",
-                  *[f"| {k} | {d['ticks']} | {d['wall_s']:.2f} | {d['cpu_s']:.2f} | {d['max_wall_s']:.2f} | "
-                    f"{d['max_wall_at_s']:.1f} |" for k, d in tc["probes"].items()], "", "</details>"]
+                  *table(["probe", "ticks", "wall s", "CPU s", "slowest tick s", "at s"], "lrrrrr",
+                         ([k, d["ticks"], f"{d['wall_s']:.2f}", f"{d['cpu_s']:.2f}", f"{d['max_wall_s']:.2f}",
+                           f"{d['max_wall_at_s']:.1f}"] for k, d in tc["probes"].items())), "", "</details>"]
     if report.get("warnings"):
         lines += ["", "Warnings:", *[f"- {w}" for w in report["warnings"]]]
     return "\n".join(lines) + "\n"
