@@ -80,22 +80,25 @@ class PauseBudget:
 
 @dataclass
 class GdbRun:
+    """One attach of the sampler to one process (a ``gdb_runs`` row): the figures come from the sampler's
+    "attached" and "end" records (gdb_scripts/sampler.py), the rest from what the driver sees itself."""
+
     pid: int
-    reason: str = ""
-    stops: int = 0
-    samples: int = 0
-    paused_s: float = 0.0
-    handler_s: float = 0.0
-    attach_s: float = 0.0
-    symbols_s: float = 0.0
-    threads: int = 0
-    python: str = ""
-    state_after: str | None = None
-    tracer_after: int | None = None
-    sigcont: bool = False
-    t_start_mono: float = 0.0
+    reason: str = ""  # why sampling ended: the sampler's word (budget, samples, exit) or the driver's
+    stops: int = 0  # stops of a target thread the handler took (a syscall's entry and its exit each count)
+    samples: int = 0  # stacks recorded (one per caught syscall exit)
+    paused_s: float = 0.0  # stopped time charged to the pause budget: handler time + per-stop allowance
+    handler_s: float = 0.0  # time spent in the sampler's stop handler alone
+    attach_s: float = 0.0  # the attach's one-off whole-process pause, kept out of the budget
+    symbols_s: float = 0.0  # the symbol read before the attach (the target is not stopped by it)
+    threads: int = 0  # threads of the target at the attach
+    python: str = ""  # the Python frame reader's status: "ok: ...", "n/a: ..." or "unavailable: ..."
+    state_after: str | None = None  # /proc state letter after the detach; None when the process is gone
+    tracer_after: int | None = None  # TracerPid after the detach (0: none)
+    sigcont: bool = False  # a stop left behind by attach/detach was undone with SIGCONT
+    t_start_mono: float = 0.0  # time.monotonic() at the start, the sampler's clock too
     t_end_mono: float = 0.0
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)  # every JSON line the sampler wrote
 
     @property
     def sample_records(self) -> list[dict[str, Any]]:
