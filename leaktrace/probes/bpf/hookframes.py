@@ -13,20 +13,18 @@ for one build of the library, so offsets from the stack pointer at the syscall t
   at ``last_off``): the return address into the code that called the hooked function.
 
 They are learned once per library build and path from one hooked call's stack window (LT_EV_HOOKWIN), by
-walking the frames from the syscall up with the library's unwind tables (``.eh_frame``, decoded by
-pyelftools) rather than by scanning: a scan can take a stale return address, left in a frame's padding
-slot, for the caller (seen: 10 of 46 rcache chunks blamed on libpython that way).
+walking the frames from the syscall up with the library's unwind tables (``.eh_frame``, read by
+:func:`leaktrace.elf.unwind_table`) rather than by scanning: a scan can take a stale return address, left in
+a frame's padding slot, for the caller (libucs's registration-cache chunks would be blamed on libpython).
 """
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
-from leaktrace.elf import ElfSymbols, read_elf_symbols
+from leaktrace.elf import unwind_table
 from leaktrace.memclass import MEMORY_HOOK_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry
 
@@ -46,69 +44,15 @@ class HookWalk:
     last_ret: int = 0  # ... and that address
 
 
-class _UnwindTable:
-    """The CFA rules of one file's ``.eh_frame``: FDEs are decoded on first use (a hook path needs four)."""
-
-    def __init__(self, path: str) -> None:
-        from elftools.elf.elffile import ELFFile  # pyelftools: imported only when a hook is seen
-
-        with open(path, "rb") as f:
-            self._elf = ELFFile(io.BytesIO(f.read()))
-        dwarf = self._elf.get_dwarf_info(relocate_dwarf_sections=False)
-        self._fdes = []
-        if dwarf.has_EH_CFI():
-            for entry in dwarf.EH_CFI_entries():
-                header = getattr(entry, "header", None)
-                if header is not None and "initial_location" in header:
-                    lo = header["initial_location"]
-                    self._fdes.append((lo, lo + header["address_range"], entry))
-        self._rows: dict[int, list[tuple[int, int | None]]] = {}  # FDE index -> (pc, rsp offset or None)
-
-    def cfa_rsp_offset(self, pc: int) -> int | None:
-        """N where the canonical frame address at ``pc`` (a file vaddr) is ``%rsp + N``; None when ``pc``
-        has no FDE or its CFA is kept some other way (a frame pointer, an expression)."""
-        for i, (lo, hi, fde) in enumerate(self._fdes):
-            if lo <= pc < hi:
-                rows = self._rows.get(i)
-                if rows is None:
-                    rows = self._rows[i] = [
-                        (row["pc"], row["cfa"].offset if row["cfa"].reg == _RSP and row["cfa"].expr is None
-                         else None)
-                        for row in fde.get_decoded().table]
-                found = None
-                for row_pc, off in rows:
-                    if row_pc > pc:
-                        break
-                    found = (row_pc, off)
-                return found[1] if found else None
-        return None
-
-
-@lru_cache(maxsize=16)
-def _unwind_table(path: str, mtime_ns: int, size: int) -> _UnwindTable | None:
-    try:
-        return _UnwindTable(path)
-    except Exception:  # noqa: BLE001 - no pyelftools, no .eh_frame, a file it cannot read: no layout
-        return None
-
-
-@lru_cache(maxsize=16)
-def _segments(path: str, mtime_ns: int, size: int) -> ElfSymbols:
-    return read_elf_symbols(path)
-
-
 def _cfa_offset(m: MapEntry, addr: int) -> int | None:
-    """The CFA's offset from %rsp at the call just before return address ``addr`` (in mapping ``m``)."""
-    path = m.path.removesuffix(" (deleted)")
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    table = _unwind_table(path, st.st_mtime_ns, st.st_size)
+    """The CFA's offset from %rsp at the call just before return address ``addr`` (in mapping ``m``); None
+    when the file has no unwind rule there or keeps the CFA some other way (a frame pointer, an expression)."""
+    table = unwind_table(m.path.removesuffix(" (deleted)"))
     if table is None:
         return None
-    vaddr = _segments(path, st.st_mtime_ns, st.st_size).file_offset_to_vaddr(addr - m.start + m.offset)
-    return table.cfa_rsp_offset(vaddr - 1)  # inside the call instruction: the row in force at the call
+    # - 1: inside the call instruction, where the row in force at the call applies
+    rule = table.cfa_rule(table.file_offset_to_vaddr(addr - m.start + m.offset) - 1)
+    return rule[1] if rule is not None and rule[0] == _RSP else None
 
 
 def walk_hook_frames(mapping_of: Callable[[int], MapEntry | None], window: bytes, site: int) -> HookWalk | None:
