@@ -438,7 +438,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     int from_libc = anon && called_from_libc(tgid, site);
     if (from_libc && hook_off) {
         /* malloc's chunk through the hook: with a small mmap threshold a worker makes ~1,000 a second, and a
-         * window for each (plus its munmap, no longer settled here) overflowed the ring. One window per thread
+         * window for each (plus its munmap, then not settled here) would overflow the ring. One window per thread
          * per LT_HOOK_WINDOW_EVERY_NS; the others stay on the fast path with libc's site, and user space gives
          * them the caller of their thread's last window (a thread's burst of chunks has one caller). */
         u32 host_tid = (u32)bpf_get_current_pid_tgid();

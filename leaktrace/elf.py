@@ -107,7 +107,7 @@ def elf_info(path: str) -> ElfInfo:
 
 
 def parse_elf_dynsym(data: bytes) -> ElfInfo:
-    """The defined symbols of an ELF64 little-endian shared object's ``.dynsym`` (no pyelftools needed)."""
+    """The defined symbols of an ELF64 little-endian shared object's ``.dynsym``."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not an ELF64 little-endian file")
     h = _header(data)

@@ -8,7 +8,7 @@ over integers, so it is unit-tested without a kernel (tests/test_ledger.py).
 
 :class:`Symbolizer` turns user addresses into ``library!symbol+0xoff`` from copies of
 /proc/PID/maps kept per process (so it still works after the process exited) and the ELF symbol
-tables of the mapped files (read with :mod:`leaktrace.elf`: no pyelftools on the target machines).
+tables of the mapped files (read with :mod:`leaktrace.elf`).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         self.lock = threading.RLock()
         # Threads other than the poll thread waiting for the lock (the tick, add_pid): Python's locks are
         # not fair, and a poll thread that drains full batches back to back re-takes the lock the moment it
-        # lets go, so a waiting tick could wait out the whole stream (43 s seen in a P/D decode hunt).
+        # lets go, so a waiting tick could wait out the whole stream (tens of seconds in a loaded P/D decode).
         self._waiting = 0
         self._waiting_lock = threading.Lock()
         self.prog: Any = None
@@ -237,9 +237,9 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
                 self.prog = None
 
     def _drain_at_stop(self) -> None:
-        """Untarget every process, then apply all the ring holds. While the targets were still traced, the
-        kernel's own regions (read at the final snapshot) ran ahead of the events drained: a library that
-        maps a chunk per 1,024 munmaps left chunks outstanding whose munmaps were still in the ring."""
+        """Untarget every process, then apply all the ring holds. While the targets are traced, the kernel's
+        own regions (read at the final snapshot) run ahead of the events drained: without this, a library
+        that maps a chunk per 1,024 munmaps would leave chunks outstanding whose munmaps are still in the ring."""
         if self.pidns_ino:  # first: a namespace task re-adds its host pid from it (bpf/leaktrace.bpf.c)
             self.prog[b"ns_targets"].clear()
         self.prog[b"targets"].clear()
