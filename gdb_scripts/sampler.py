@@ -16,9 +16,9 @@ the backtrace, then resumes the thread. Signals pass through untouched (sampler_
 Symbols first, before the attach (``leaktrace-symbols``: ``add-symbol-file`` of each library mapped in the
 target, at the load bias the driver read from /proc/PID/maps; ``symbols_s``). They are never read while
 attached: a command as long as that keeps gdb out of its event loop, and every thread of the target that
-meets a ptrace event meanwhile (a thread created, a signal) stays stopped until it ends. With
-``sharedlibrary`` run after the attach, a loaded vLLM worker's traffic stopped for 20-35 s of its 50-70 s
-symbol read, while the pause budget saw 0.3 s. Attach sequence: ``attach`` (every thread stops;
+meets a ptrace event meanwhile (a thread created, a signal) stays stopped until it ends: read by
+``sharedlibrary`` after the attach, a loaded vLLM worker's 50-70 s symbol read stops its traffic for
+20-35 s while the pause budget sees 0.3 s. Attach sequence: ``attach`` (every thread stops;
 shared-library symbols are not read then: auto-solib-add is off), ``continue -a &`` at once, and a stop
 handler that resumes each further thread as its attach stop reaches gdb's event loop; the driver waits
 until no thread of the target is in a ptrace stop (the whole-process pause is ``attach_s``, ~0.1–0.2 s even
@@ -303,8 +303,8 @@ class Sampler:
         # stops reach gdb later, from its event loop, and each such thread stays stopped (non-stop) until
         # something resumes it: `continue -a &` only resumes the threads already seen stopped. Until the
         # sampling handler exists, this one resumes them as they come; the event loop runs between the
-        # two commands. (Reading the shared-library symbols within this command kept a 48-thread torch
-        # process stopped for all of it: 3 s here, 20 s in a loaded vLLM worker.)
+        # two commands. (Read within this command, the shared-library symbols would keep a 48-thread torch
+        # process stopped for the whole read: seconds, 20 s in a loaded vLLM worker.)
         gdb.events.stop.connect(self.on_attach_stop)
         gdb.events.gdb_exiting.connect(self.on_gdb_exiting)  # detach first, whenever gdb exits
         self.t_attach = time.monotonic()

@@ -1,6 +1,6 @@
 """Where a command writes: output directories decided once, at the CLI boundary.
 
-Two rules come from what went wrong before:
+Two rules, each against a way an output goes wrong:
 
 * **Absolute, before anything else runs.** libbcc changes the working directory of the whole process to
   the kernel-header tree while it compiles the BPF program (~0.5 s), so a relative path opened by any

@@ -223,8 +223,9 @@ def _verdict(before: Report, after: Report, rows: list[dict[str, Any]]) -> tuple
         return "inconclusive", "the before hunt is inconclusive"
     if av == "inconclusive":
         # The change is still judged by what it addressed: those culprits' ledger rates are exact in the after
-        # hunt too, while its doubt is about other growth (a control worker's own oneDNN warm-up, 1.7 MB/min
-        # at sign agreement 0.747 against 0.75 in a CI run). The doubt goes into the reason and the confidence.
+        # hunt too, while its doubt is about other growth (e.g. a control worker's own oneDNN warm-up,
+        # ~1.7 MB/min at a sign agreement just under the 0.75 bar). The doubt goes into the reason and the
+        # confidence.
         if bv == "leak" and addressed:
             verdict, why = _verdict_of_change(addressed, remains, new)
             return verdict, f"{why}; beside it, the after hunt is inconclusive: {after.get('verdict_reason', '')}"

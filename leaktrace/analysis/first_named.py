@@ -1,5 +1,6 @@
-"""``first_named_s``: the naming step re-run on prefixes of the session (every table cut at ``t <= T``),
-binary-searching the earliest tick at which each culprit would already have been named."""
+"""``first_named_s``: the earliest tick at which each culprit would already have been named, the naming
+step re-run on prefixes of the session (every table cut at ``t <= T``): a scan of a ledger culprit's own
+snapshots, else a binary search over the ticks (see :func:`first_named`)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
 
     # A scan from the start, not a binary search: for a leak that follows traffic, whether a prefix names it
     # is not monotone (a lull mid-hunt makes the prefixes ending in it read as a plateau forming), and a
-    # binary search then lands after the lull (vint10: 66.5 s after attach; the first naming prefix, 3.5 s).
+    # binary search then lands after the lull (on a vLLM P/D pair, a minute late).
     # Each step is one rate() on at most slope.MAX_POINTS samples: cheap.
     i = next((k for k in range(len(t)) if named(k)), None)
     return None if i is None else float(t[i])

@@ -213,19 +213,20 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
 class PyHeapProbe:
     """On for Python targets unless ``--no-pyheap``. Every tick: the GC counters (a few reads). The walk of
     every GC list with the objects counted by type (``pyheap_types``) runs in the walker process
-    (:class:`WalkerProcess`: not in the hunt's interpreter, whose GIL it held against the ticks and the eBPF
-    ring's consumer), asked by a thread of the probe that only waits for the answer; per process at most
+    (:class:`WalkerProcess`: not in the hunt's interpreter, whose GIL it would hold against the ticks and the
+    eBPF ring's consumer), asked by a thread of the probe that only waits for the answer; per process at most
     ``WALK_DUTY`` of the time (a walk costs ~0.8 µs per object: ~0.1 s for 120k objects, ~0.6 s for
     vLLM's ~660k frozen ones, walked again only when the set changed or every FROZEN_REWALK_S) and not
     more often than every ``MIN_WALK_GAP_S``; right after attach, and at stop. ``IN_PROCESS``: the walks
-    in the probe's thread instead (the old way, for bench_pyheap's comparison)."""
+    in the probe's thread instead (for bench_pyheap's comparison)."""
 
     name = "pyheap"
     MIN_WALK_GAP_S = 5.0
     WALK_DUTY = 0.02
     IN_PROCESS = False
     WALK_BUDGET_S = 120.0  # a walk in the walker process: it delays nothing of the hunt, and a niced walk of
-    # ~700k objects took 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine (bench_pyheap_ticklag)
+    # ~700k objects takes 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine
+    # (bench_pyheap_ticklag)
     STOP_WAIT_S = 20.0  # the walks at stop, all processes together
     MAX_WALKER_FAILS = 3  # walker processes that did not answer, in a row: the walks stop (counters go on)
 
@@ -235,8 +236,8 @@ class PyHeapProbe:
         self.python_pids: dict[int, bool] = {}
         self.last: dict[int, dict[str, Any]] = {}
         self._walked: dict[int, tuple[float, float]] = {}  # pid -> (end of the last walk, its cost in s)
-        # pid -> its interpreter, located once: re-reading /proc/PID/maps every tick cost ~12 ms for a process
-        # with 3,000 mappings (vLLM's have thousands)
+        # pid -> its interpreter, located once: re-reading /proc/PID/maps every tick costs ~12 ms for a
+        # process with 3,000 mappings (vLLM's have thousands)
         self._where: dict[int, Interpreter] = {}
         self.walks = 0
         self.walk_s = 0.0

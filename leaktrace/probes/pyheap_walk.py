@@ -3,8 +3,8 @@ list counted by type while the target runs and changes the list; the types named
 
 ``python -m leaktrace.probes.pyheap_walk --worker PPID`` is the walker process the probe runs the walks in
 (see :class:`leaktrace.probes.pyheap_worker.WalkerProcess`): a walk is seconds of Python code on a vLLM process
-under load, and run in a thread of the hunt it held the hunt's GIL against the tick thread and the eBPF
-ring's consumer (ticks 10-49 s late, ring overflows). The worker reads one JSON request a line on stdin
+under load, and run in a thread of the hunt it would hold the hunt's GIL against the tick thread and the
+eBPF ring's consumer (ticks 10-49 s late, ring overflows). The worker reads one JSON request a line on stdin
 and answers one JSON line on stdout; it runs niced, dies with the hunt (PR_SET_PDEATHSIG, and stdin's end)
 and keeps, per target, the walk of the frozen set (stable once frozen) between walks."""
 
@@ -22,8 +22,8 @@ from leaktrace.procmem import ProcMem
 
 MAX_WALK = 3_000_000
 # A walk gives the other threads of the hunt (ticks, the eBPF ring's consumer) the GIL every YIELD_EVERY
-# objects: its page reads release the GIL and take it back at once, which on a busy 2-core machine starved
-# the tick thread for 48 s during one walk of a vLLM process (and the ring overflowed). It also stops at
+# objects: its page reads release the GIL and take it back at once, which on a busy 2-core machine can starve
+# the tick thread for a whole walk of a vLLM process (tens of seconds: the ring overflows). It also stops at
 # its deadline (the list then counts as not walked through, -1), so no walk outlasts WALK_BUDGET_S.
 YIELD_EVERY = 2048
 WALK_BUDGET_S = 5.0

@@ -25,8 +25,8 @@ class WalkerGone(LeaktraceError):
 class WalkerProcess:
     """The walks, run out of the hunt's interpreter: ``python -m leaktrace.probes.pyheap_walk --worker``
     (see that module). A walk is seconds of Python on a vLLM process under load; in a thread of the hunt
-    it held the GIL against the tick thread and the eBPF ring's consumer (ticks 10-49 s late, the ring
-    overflowed). Here the hunt's thread only waits on a pipe (no GIL held), the worker runs niced, dies
+    it would hold the GIL against the tick thread and the eBPF ring's consumer (ticks 10-49 s late, the ring
+    overflowing). Here the hunt's thread only waits on a pipe (no GIL held), the worker runs niced, dies
     with the thread that started it (PR_SET_PDEATHSIG) and at :meth:`close`, and keeps each target's frozen
     set walk between walks. One request at a time (the caller's lock); an answer that comes too late is
     dropped by its id."""

@@ -27,9 +27,8 @@ Never harm the target:
 - The symbols are read before the attach (``symbols_s``: ``add-symbol-file`` of each library the target
   maps, at the load bias read here from /proc/PID/maps), never while attached: gdb's event loop does not
   run during a command, and a thread of the target that meets a ptrace event meanwhile (created, signalled)
-  stays stopped until the command ends. (Read after the attach, a loaded vLLM worker's traffic stopped for
-  20-35 s of a 50-70 s read; within the attach itself, every thread was stopped for 20 s.) A stop during
-  the read kills gdb, which holds nothing of the target yet.
+  stays stopped until the command ends (read while attached, a loaded vLLM worker's 50-70 s symbol read
+  stops its traffic for 20-35 s). A stop during the read kills gdb, which holds nothing of the target yet.
 - The attach stops the whole process briefly (``attach_s``, 0.1–0.2 s, torch loaded or not); it is
   reported apart from the per-stop budget. Sampling begins by a second command, once /proc shows no
   thread of the target in a ptrace stop: gdb resumes the threads whose attach stops it sees from its

@@ -76,7 +76,7 @@ def gdb_doctor_checks() -> list[dict[str, Any]]:
                            "detail": f"gdb's Python {py.group(1)}" if py else "gdb was built without Python",
                            "fix": "" if py else "install a gdb built with Python (Debian's gdb package is)"})
         except subprocess.TimeoutExpired:
-            # Slow, not broken: gdb loading its Python took over 20 s once beside a vLLM pair on 2 busy cores.
+            # Slow, not broken: gdb loading its Python can take over 20 s beside a vLLM pair on 2 busy cores.
             # The sampler has its own time budget; a hunt is not refused for a loaded machine.
             checks.append({"name": "gdb version", "ok": True,
                            "detail": f"gdb did not answer within {GDB_VERSION_TIMEOUT_S} s (a loaded machine?): "

@@ -17,9 +17,9 @@ DEFAULT_SAMPLES_ON_GROWTH = 20  # --gdb-samples unset: this many per process, on
 DEFAULT_SECONDS_PER_PROCESS = 10.0
 GROWTH_TRIGGER_BYTES = 8 << 20  # RSS above its first reading by this much → worth a few stacks
 # ... or the eBPF ledger's count of what it mapped since attach and still holds, grown by this much since its
-# first snapshot (not the count itself: an API server held 9.6 MB of flat Python arenas there). Exact, so a
-# lower bar, and known at once: a loaded vLLM worker's UCX leak reached 8 MB of RSS 53 s into a 90 s hunt,
-# gdb then read its symbols for 32 s and sampled after the load had stopped (no stack).
+# first snapshot (not the count itself: a vLLM API server holds ~10 MB of flat Python arenas). Exact, so a
+# lower bar, and known at once: RSS can take most of a hunt to grow by 8 MB (a loaded vLLM worker's UCX leak:
+# 53 s of 90), and gdb's symbol read (~30 s) must end while the load lasts for a stack to be sampled.
 LEDGER_TRIGGER_BYTES = 4 << 20
 
 

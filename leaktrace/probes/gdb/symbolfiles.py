@@ -11,11 +11,11 @@ from leaktrace.elf import first_load_vaddr
 from leaktrace.errors import LeaktraceError
 
 # gdb's priority while it reads symbols: spare CPU only. The read is a minute of a full core for a vLLM worker
-# on 2 cores; at normal priority, even unattached, the leaking worker of a P/D pair serving beside it grew
-# nothing for ~40 s of a 66 s read (its traffic stalled).
+# on 2 cores; at normal priority, even unattached, it stalls the traffic of a P/D pair serving beside it (the
+# leaking worker grows nothing for ~40 s of a 66 s read).
 SYMBOLS_NICE = 19
-# The longest symbol read gdb is given (not attached meanwhile: the target runs untouched). 50-70 s seen for a
-# vLLM worker (torch's libraries) on 2 saturated cores.
+# The longest symbol read gdb is given (not attached meanwhile: the target runs untouched). A vLLM worker
+# (torch's libraries) takes 50-70 s on 2 saturated cores.
 SYMBOLS_TIMEOUT_S = 300.0
 
 
