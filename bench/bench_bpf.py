@@ -8,7 +8,7 @@ figure does not move with the load of a shared machine the way wall time does. P
 
     .venv/bin/python bench/bench_bpf.py --runs 6 --pairs 200000
 
-Goals (issue 3): traced ≤ 1.3× untraced with 0 lost events and an exact ledger; unrelated ≤ 1.1×.
+Goals: traced ≤ 1.3× untraced with 0 lost events and an exact ledger; unrelated ≤ 1.1×.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Libraries loaded by a traced process (issue 12, per-tick mends): each executable file mapping the eBPF
-probe sees makes it re-read /proc/PID/maps (names are resolved against it). A process importing torch
+"""Libraries loaded by a traced process: each executable file mapping the eBPF probe sees calls for a
+fresh read of /proc/PID/maps (names are resolved against it). A process importing torch
 loads hundreds of libraries in one burst. Measured in the same run, medians of --reps, on a real process
 with that many mappings (this interpreter after mapping --libs files):
-  ``per_library``  one maps read per executable mapping in a batch (what the probe did before)
-  ``per_batch``    the same batch applied now: marked per event, one maps read per process at its end
+  ``per_library``  one maps read per executable mapping in a batch (the naive way)
+  ``per_batch``    the same batch as the probe applies it: marked per event, one maps read per process at
+                   its end
 Reported: both in ms and per_batch/per_library.
 
     .venv/bin/python bench/bench_bpf_libmaps.py --libs 300

@@ -1,4 +1,4 @@
-"""Does the gdb sampler inflate what it measures? (issue 13)
+"""Does the gdb sampler inflate what it measures?
 
 gdb stops a thread at its mmap/munmap syscalls, possibly inside malloc with the thread's arena locked. If
 that made other threads' mallocs fall back to new arenas, or the heaps fragment more, a multithreaded
@@ -14,13 +14,11 @@ than the arena limit on a small machine: arenas shared). Prints one JSON documen
 
     .venv/bin/python bench/bench_gdb_inflation.py --duration 60
 
-Measured (2-core VM, 60 s hunts; RSS at the end, MB, unhunted / --no-gdb / gdb on): heaps-only 155.2 /
-155.3 / 155.3 and 155.2 / 155.4 / 155.3 (4 arenas, 167.7 MB mapped in each; gdb: 5 stops, 1–2.5 ms);
-mmap-128k 113.8 / 113.7 / 113.9 and 100.8 / 100.7 / 100.9 (4 arenas; gdb: 94–109 stops, 48–64 ms);
-32 threads 115.8 / 116.2 / 113.1 (15 arenas in each; gdb: 140 stops, 74 ms). No inflation: within a run
-the three agree to 0.2 MB (3 MB with 32 threads, gdb's the lowest) while runs differ by up to 13 MB. The
-sampler runs in non-stop mode: only the thread at the syscall stops, and glibc makes a thread that finds
-its arena locked wait, not take a new one (new arenas go to new threads, or past a failed allocation).
+No inflation on a 2-core VM (60 s hunts): within a run the three conditions end within 0.2 MB of RSS of
+each other (3 MB with 32 threads, gdb's the lowest) and hold the same arenas, while runs differ by up to
+13 MB. The sampler runs in non-stop mode: only the thread at the syscall stops, and glibc makes a thread
+that finds its arena locked wait, not take a new one (new arenas go to new threads, or past a failed
+allocation).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""leaktrace's own memory per outstanding region (issue 8, long hunts): N leaked mappings from a handful of
+"""leaktrace's own memory per outstanding region (long hunts): N leaked mappings from a handful of
 call sites, measured with tracemalloc, as bytes per region and as a ratio to a baseline measured in the
 same run (a plain list of (start, end) int tuples, the least a Python program would keep per region).
 

@@ -8,7 +8,7 @@ bytes the ledger attributed to the workload against those it kept.
 
     .venv/bin/python -m bench malloc        (or: .venv/bin/python bench/bench_malloc.py --runs 6)
 
-Goal (issue 13): traced ≤ 1.1× untraced. A uprobe on every malloc costs ~38× here (RECIPES.md).
+Goal: traced ≤ 1.1× untraced. A uprobe on every malloc costs ~38× here (RECIPES.md).
 """
 
 from __future__ import annotations

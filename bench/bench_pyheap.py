@@ -1,4 +1,4 @@
-"""The Python-heap probe's cost (on by default for Python targets since issue 13): leaktrace's time per tick
+"""The Python-heap probe's cost (on by default for Python targets): leaktrace's time per tick
 and the target's slowdown, measured in the same run.
 
 A Python target freezes N objects (gc.freeze(), as vLLM does after start-up: ~660k in its API server), keeps

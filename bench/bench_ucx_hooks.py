@@ -8,7 +8,7 @@ tests/targets/setup_ucx.sh): --munmaps mmap+munmap pairs of 8 KiB at --rate a se
 vLLM worker with MALLOC_MMAP_THRESHOLD_=4096 and chunked prefill does), one fresh process per round
 (ucp_init, then a start signal). Conditions alternate round by round in one invocation: untraced, traced as
 shipped, and traced without the hook's attribution (no `hooks` entry: every hooked mmap keeps libucm's
-site, as before the change). Reported per traced condition (medians): the target's CPU time over the
+site). Reported per traced condition (medians): the target's CPU time over the
 untraced rounds' (the kernel half runs in its context), leaktrace's own CPU time, events sent to user space,
 hook windows, lost events. Prints one JSON document.
 

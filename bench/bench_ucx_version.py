@@ -1,8 +1,8 @@
-"""The UCX version lookup of the ucx probe (issue 12, per-tick mends): every few ticks, for every process
+"""The UCX version lookup of the ucx probe: every few ticks, for every process
 that maps UCX. Where no wheel dist-info names the version (nixl's wheels: libucp-HASH.so in
 nixl_cu12.libs/), the answer is a search of the whole libucp file. Measured in the same run, medians of
---reps: ``first`` (what every lookup cost before the cache: read and search the file) and ``cached`` (a
-lookup now: one stat). Reported: both in ms and cached/first.
+--reps: ``first`` (a lookup the cache cannot answer: read and search the file) and ``cached`` (a lookup it
+answers: one stat). Reported: both in ms and cached/first.
 
     .venv/bin/python bench/bench_ucx_version.py
 """

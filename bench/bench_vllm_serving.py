@@ -18,8 +18,8 @@ programs' fdinfo with kernel.bpf_stats_enabled on for the run).
 ``--variant NAME=FLAGS`` (repeatable) hunts with extra flags as its own condition, in the same rotation
 (e.g. ``--variant nogdb=--no-gdb --variant nopyheap=--no-pyheap``): which part of the hunt costs what.
 
-The pair of tests/targets/vllm_servers.py (vLLM's default OpenMP thread binding, both servers on the same
-two cores) completed ~2 requests a minute at ~50 s each here: too few to measure anything.
+Not the pair of tests/targets/vllm_servers.py (vLLM's default OpenMP thread binding, both servers on the
+same two cores): it completes ~2 requests a minute at ~50 s each on a 2-core machine, too few to measure.
 
     .venv/bin/python bench/bench_vllm_serving.py --rounds 2 --phase-s 60
 """

@@ -104,7 +104,7 @@ def test_rule_ucx_by_stack_only(rules, tmp_path):
 
 def test_rule_stack_is_matched_from_the_calling_library_outward(rules, tmp_path):
     """A hooked process's malloc growth passes through UCX's hook between the caller and the syscall: those
-    inner frames are machinery, not the culprit (a vLLM worker's own growth once got UCX's remedy)."""
+    inner frames are machinery, not the culprit (else a vLLM worker's own growth would get UCX's remedy)."""
     reader = _session_with_ucx_state(tmp_path)
     inner = ["libc.so.6!syscall+0x19", "libucm-39cc26dc.so.0.0.0!ucm_orig_mmap_syscall+0x22",
              "libucm-39cc26dc.so.0.0.0!ucm_mmap+0x2e", "libc.so.6!sysmalloc+0x5c1", "libc.so.6!malloc+0x1a4"]

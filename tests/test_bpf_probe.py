@@ -125,10 +125,10 @@ def test_balanced_churn_is_flat(tmp_path, driver) -> None:
 def test_stop_while_the_target_keeps_mapping_leaves_nothing_half_applied(tmp_path, driver) -> None:
     """The target maps 3 pages (a region the kernel keeps) and unmaps 2 of them (events, not exact), ~5,000
     times a second, right through the probe's stop: the final ledger must hold one page per 2 traced unmaps,
-    plus at most the call in flight when tracing ended. Before the stop untargeted first, the kernel's
-    regions were read after the last event drained, so a stop thread that lost its core between the two
-    counted regions whose unmaps were still in the ring (a vLLM test's stand-in held 1.3 queue chunks more
-    than its traced munmaps had filled)."""
+    plus at most the call in flight when tracing ended. The stop untargets every process before its last
+    drain: with the targets still traced, the kernel's regions (read at the final snapshot) run ahead of the
+    events drained, and a stop thread that loses its core between the two counts regions whose unmaps are
+    still in the ring."""
     tr = Traced(tmp_path / "s", [driver.pid])
     driver.p.stdin.write("pairs 3000\n")  # type: ignore[union-attr]
     driver.p.stdin.flush()  # type: ignore[union-attr]
@@ -153,7 +153,7 @@ def test_stop_while_the_target_keeps_mapping_leaves_nothing_half_applied(tmp_pat
 
 def test_stop_applies_everything_the_ring_held(tmp_path, driver, monkeypatch) -> None:
     """At stop every record the ring held is applied before the ledger is written, however long the
-    drain takes (under CI load a hunt stopped with munmap events still in the ring: a count check failed).
+    drain takes (under load a hunt can stop with munmap events still in the ring).
     Small batches: the ring still empties."""
     from leaktrace.probes import HuntContext, HuntOptions, TargetSet
     from leaktrace.probes.bpf import probe as bpf_probe

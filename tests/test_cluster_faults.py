@@ -144,9 +144,9 @@ def test_node_killed_midhunt_is_reported_and_others_kept(faults_cluster, tmp_pat
     """The raylet of lt-doomed is killed while both nodes hunt (its node dies with it): the merged report
     names lt-doomed as failed with the reason, and lt-head's whole hunt is kept. Destroys lt-doomed: last."""
     out = tmp_path / "hunt"
-    # Longer than the other cases: the kill needs both node hunts running at once. In one CI run the driver
-    # of a 20 s hunt ended (exit 0) before the handshake ever saw both recording; a node whose Ray workers
-    # the previous case's killed driver took down may start its task late, so the overlap gets room.
+    # Longer than the other cases: the kill needs both node hunts running at once. With a 20 s hunt the
+    # driver can end (exit 0) before the handshake sees both recording: a node whose Ray workers the
+    # previous case's killed driver took down may start its task late, so the overlap gets room.
     driver = _driver(faults_cluster, out, "lt-head,lt-doomed", KILL_HUNT_S)
     try:
         _await_recording(driver, 2)

@@ -118,7 +118,7 @@ def test_an_inconclusive_after_hunt_is_judged_by_what_the_change_addressed(tmp_p
     """The after hunt inconclusive about other growth (the vintage control's worker: 1.7 MB/min of its own
     warm-up at sign agreement 0.747, under 0.75), with the UCX culprit gone: when the change addressed that
     culprit (its remedy's setting differs), the verdict is the change's, the after hunt's doubt stated in the
-    reason; when nothing it names changed, inconclusive as before."""
+    reason; when nothing it names changed, inconclusive."""
     before = json.loads((GOLDEN / "ucx" / "expected" / "report.json").read_text())
     assert before["verdict"] == "leak"
     after = _with_setting(json.loads(json.dumps(before)), applied)

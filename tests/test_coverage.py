@@ -18,8 +18,8 @@ def _watcher(rate: float) -> Candidate:
 
 def test_a_warm_up_read_by_the_ledger_still_covers_the_same_growth_in_proc() -> None:
     # The ledger reads its series as a warm-up then 6 MB/min steady; over the window it grew 16.8, as /proc
-    # saw (17.5): the same memory. The old check compared the steady 6 with /proc's 17.5 and kept a
-    # duplicate that took the library by address and ranked above the ledger's own culprit.
+    # saw (17.5): the same memory. Compared with the steady 6, /proc's 17.5 would look unexplained, and a
+    # duplicate taking the library by address would rank above the ledger's own culprit.
     assert uncovered_watcher([_watcher(17.5)], [_ledger(6.0, 16.8)], []) == []
 
 

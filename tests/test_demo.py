@@ -12,7 +12,7 @@ from test_report import OUTPUTS, assert_renders
 from leaktrace.demo import LIBRARY
 
 RATE = 120.0  # MiB/min, the workload's known leak rate
-NAMED_WITHIN_S = 10.0  # a 2 MiB/s leak is named within 10 s of attach (issue 13)
+NAMED_WITHIN_S = 10.0  # a 2 MiB/s leak is named within 10 s of attach
 
 
 @pytest.fixture(scope="module")

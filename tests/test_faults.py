@@ -441,7 +441,7 @@ def test_interrupted_compaction_leftovers_read_once(tmp_path):
 
 
 def test_a_stalled_hunt_skips_missed_ticks_and_says_so(tmp_path, spawn, leaker_bin):
-    """The hunt not scheduled for 4 s (SIGSTOP: what a saturated machine did to it beside a vLLM pair): the
+    """The hunt not scheduled for 4 s (SIGSTOP: what a saturated machine does to it beside a vLLM pair): the
     ticks it missed are skipped, not run back to back when it resumes (a burst costs the target CPU and
     bunches the samples), and the report says how late ticks ran and what each probe's ticks cost."""
     target = spawn([leaker_bin, "--leak-kib-per-s", "512"])

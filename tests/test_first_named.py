@@ -1,8 +1,8 @@
 """``first_named_s`` of a ledger culprit whose growth follows traffic (analysis/first_named.py): whether a
 prefix of the session names it is not monotone, so the earliest naming prefix is found by a scan, not a
 binary search. Recorded data: the outstanding bytes of libucm in the leaking prefill worker of a vintage
-P/D run (vint10, 2026-12-02), hunt attached at 47.9 s; a lull of traffic from ~78 s made the prefixes that
-end at 94-113 s and 136-154 s read as a plateau forming."""
+P/D run, hunt attached at 47.9 s; a lull of traffic from ~78 s makes the prefixes that end at 94-113 s and
+136-154 s read as a plateau forming."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_a_leak_named_before_a_lull_is_named_early():
     c = {"pid": 7, "library": "libucm-39cc26dc.so.0.0.0", "kind": "native-mmap", "source": "ledger"}
     t_named = _first_named_from_snapshots(snaps, c, THRESHOLDS)
     # named from the first prefix whose rate passes the thresholds: seconds after attach (a binary search
-    # landed at 114.4 s: 66.5 s after attach, past the issue's 60 s)
+    # lands at 114.4 s: 66.5 s after attach, past the 60 s bound)
     assert t_named is not None and t_named - ATTACH_S <= 10.0, t_named
     first = next(i for i in range(2, len(t)) if named[i - 2])
     assert t_named == t[first]

@@ -32,9 +32,9 @@ def gdb_target_bin() -> Path:
 
 def test_the_target_runs_on_while_gdb_reads_the_symbols() -> None:
     """gdb reads the symbols before it attaches: a target that starts a thread every ~10 ms (a ptrace event
-    while traced) is kept stopped for the attach only. When gdb read them after the attach, the thread that
-    met an event waited for the whole read (0.94 s here for a 0.79 s read; a loaded vLLM worker's traffic
-    stopped for 20-35 s), while the pause budget counted 0.3 s."""
+    while traced) is kept stopped for the attach only. Were they read after the attach, a thread that meets
+    an event would wait for the whole read (a loaded vLLM worker's traffic: 20-35 s) while the pause budget
+    counts 0.3 s."""
     target = subprocess.Popen([sys.executable, str(REPO / "tests" / "fixtures" / "thread_maker.py"), "12"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -146,8 +146,8 @@ def test_stacks_name_hook_then_stripped_library_and_addresses_match_regions(spaw
 def test_attach_pauses_a_many_threaded_process_only_briefly(spawn, tmp_path):
     """The attach stops every thread; gdb must resume them all before it reads the shared libraries'
     symbols (seconds for large libraries), not after. A process whose progress needs its other threads
-    (a vLLM worker's step) made no progress for the whole symbol reading otherwise: 3 s for a torch
-    process here, 20 s for a loaded vLLM worker (its UCX leak looked flat in the ledger meanwhile)."""
+    (a vLLM worker's step) makes no progress for the whole symbol reading otherwise: seconds for a torch
+    process, 20 s for a loaded vLLM worker (whose UCX leak then looks flat in the ledger)."""
     beats = tmp_path / "heartbeat"
     target = spawn([sys.executable, REPO / "tests" / "targets" / "threaded_heartbeat.py", beats])
     assert wait_for(lambda: beats.exists() and len(beats.read_text().split()) > 20, timeout=30)
@@ -339,7 +339,7 @@ def test_hunt_when_ptrace_is_refused(spawn, gdb_target_bin, tmp_path):
 
 def test_target_whose_name_is_not_utf8(spawn, gdb_target_bin, tmp_path):
     """A process name is bytes (cut at 15, maybe mid-character): the driver reads /proc through procfs,
-    so its state and tracer are still known and the preflight passes (they raised UnicodeDecodeError)."""
+    so its state and tracer are still known and the preflight passes (a strict UTF-8 read would raise)."""
     from leaktrace.probes.gdb.checks import preflight
 
     exe = tmp_path / os.fsdecode(b"gdbtgt-\xc3\x28")  # the name becomes the process's comm

@@ -19,8 +19,9 @@ def _probe(pids: list[int]) -> tuple[GdbProbe, LiveFigures]:
 
 
 def test_the_process_growing_most_past_its_trigger_is_sampled_first() -> None:
-    """An API server and a worker both due at one tick (a vintage P/D hunt: gdb read the server's symbols for
-    85 s, and the leaking worker's turn came after the load): the worker, grown furthest, goes first."""
+    """An API server and a worker both due at one tick (in a vintage P/D hunt gdb reads the server's symbols
+    for ~85 s: served first, the leaking worker's turn would come after the load): the worker, grown
+    furthest, goes first."""
     server, worker, quiet = 101, 202, 303
     probe, live = _probe([server, worker, quiet])
     live.rollup = {p: {"rss": 500 * MB, "anon": 100 * MB} for p in (server, worker, quiet)}

@@ -1,7 +1,7 @@
 """Which gdb stack a ledger culprit takes (analysis/culprits._add_gdb_stacks), on recorded tables: only one
-through the culprit's call site *and* that site's caller. Seen on the vintage P/D pair: UCX's raw-mmap
+through the culprit's call site *and* that site's caller. On the vintage P/D pair UCX's raw-mmap
 trampoline is the call site of the rcache's leaking chunks and, through UCX's malloc hook, of every malloc
-chunk of the worker; gdb's only sample was a malloc chunk, and its stack replaced the rcache path."""
+chunk of the worker: a gdb sample of a malloc chunk must not replace the rcache path."""
 
 from __future__ import annotations
 

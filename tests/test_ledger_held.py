@@ -1,4 +1,4 @@
-"""The ledger's rate of a call path that carries short-lived mappings *and* a leak (issue 14: UCX's hooked
+"""The ledger's rate of a call path that carries short-lived mappings *and* a leak (UCX's hooked
 mmap is the caller of every malloc mmap of a vLLM worker with MALLOC_MMAP_THRESHOLD_=4096, and of the rcache
 chunks that leak): the outstanding series swings, what is still held at the end grows in steady steps."""
 

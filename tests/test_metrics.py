@@ -212,7 +212,7 @@ def test_role_from_counters_of_recorded_servers_and_a_decode_that_recomputed() -
     dec = summarize(parse_metrics((data / "vllm_metrics_decode.txt").read_text()))
     assert role_from_counters(pre)[0] == "prefill" and role_from_counters(dec)[0] == "decode"
     # A decode whose KV transfers all failed recomputes the prompts itself (no KV received) but still answers
-    # with more than one token per request (seen in CI on the first cross-node requests).
+    # with more than one token per request (as on the first cross-node requests of a P/D pair).
     recomputed = {"requests": 3.0, "prompt_tokens": 60.0, "generation_tokens": 24.0, "nixl_transfers": 0.0,
                   "kv_external_prompt_tokens": 0.0}
     assert role_from_counters(recomputed) == ("decode", "generates more than one token per request")

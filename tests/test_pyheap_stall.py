@@ -1,7 +1,7 @@
 """The pyheap walks never starve the hunt: they run in the walker process, not in the hunt's interpreter
-(a walk of a vLLM process took 3-49 s under CI load and, holding the GIL, stalled the tick thread 10-48 s;
-the eBPF ring overflowed). Real processes: a Python target with ~700k GC-tracked objects, a busy loop on
-every CPU, a real hunt. With the walks in the hunt's thread the ticks stalled 29 s here."""
+(a walk of a vLLM process takes 3-49 s under load and, holding the GIL there, would stall the tick thread
+for as long and let the eBPF ring overflow). Real processes: a Python target with ~700k GC-tracked objects,
+a busy loop on every CPU, a real hunt."""
 
 from __future__ import annotations
 

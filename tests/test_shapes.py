@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.bpf, pytest.mark.skipif(not is_root(), reason="BPF nee
 KIB_PER_S = 1024  # 60 MB/min
 
 
-NAMED_WITHIN_S = 10.0  # issue 13: a leak of ≥ 1 MB/s (these fixtures: 1 MiB/s) is named within 10 s of attach
+NAMED_WITHIN_S = 10.0  # a leak of ≥ 1 MB/s (these fixtures: 1 MiB/s) is named within 10 s of attach
 
 
 def _top(rep, pid):

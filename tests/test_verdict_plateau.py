@@ -1,4 +1,4 @@
-"""No false alarms on a plateau (issue 13): growth that keeps slowing down — warm-up, malloc fragmentation,
+"""No false alarms on a plateau: growth that keeps slowing down — warm-up, malloc fragmentation,
 arenas filling — is not a leak, while a steady leak, on its own or on top of a warm-up, stays a leak at its
 own rate.
 
@@ -31,7 +31,7 @@ def _noise(seed: int, mb: float = 0.3) -> np.ndarray:
 
 
 def _fragmentation_brief() -> np.ndarray:
-    """The issue's churner: 150 MB, then +39, +31, +23, +19, +17, +15 MB per 10 s."""
+    """A fragmenting churner's RSS: 150 MB, then +39, +31, +23, +19, +17, +15 MB per 10 s."""
     cum = np.concatenate([[0], np.cumsum([39, 31, 23, 19, 17, 15])])
     return (150 + np.interp(T, np.arange(0, 61, 10), cum)) * MB
 
@@ -88,8 +88,8 @@ def test_leak_in_periodic_chunks_is_not_a_plateau(period, phase):
 
 
 def test_a_rate_drifting_down_is_no_warm_up():
-    """A leak that follows traffic, its thirds at 8.7, 7.2 and 5.3 MB/min (the vintage P/D worker's UCX queue
-    in a CI run): no warm-up to cut (the first third is not much steeper than the middle one), so the rate is
+    """A leak that follows traffic, its thirds at 8.7, 7.2 and 5.3 MB/min (as a vintage P/D worker's UCX queue
+    can read): no warm-up to cut (the first third is not much steeper than the middle one), so the rate is
     the whole series' (~7 MB/min), not the last third's 5.3."""
     slopes = np.select([T < 20, T < 40], [8.7, 7.2], 5.3) / 60.0  # MB per second, per third
     y = (150 + np.concatenate([[0], np.cumsum(slopes[1:] * np.diff(T))])) * MB + _noise(7, 0.05)

@@ -2,8 +2,9 @@
 
 Run with the vLLM venv's Python: ``build_tiny_model.py OUT_DIR [--hidden N --intermediate N --layers N
 --vocab N]``. The default sizes are the smallest vLLM's CPU backend accepts (attention head size must be at
-least 32). The vintage P/D target uses a larger one (hidden 1024, intermediate 2816, 4 layers, vocab 8192,
-~115 MB): its per-step tensors cross glibc's mmap threshold, so the workers munmap like production ones.
+least 32). The vintage P/D target uses many thin layers (hidden 256, intermediate 704, 16 layers, vocab
+8192, ~29 MB; tests/targets/setup_vllm_vintage.sh): its per-layer tensors cross glibc's mmap threshold every
+step, so the workers munmap like production ones.
 """
 
 from __future__ import annotations

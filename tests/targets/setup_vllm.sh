@@ -33,7 +33,7 @@ if [ ! -f "$MODEL/.complete" ]; then
   "$V/bin/python" "$REPO/tests/targets/build_tiny_model.py" "$MODEL"
   touch "$MODEL/.complete"
 fi
-# The LD_PRELOAD library that reproduces the seed-002 mechanism inside the decode worker (issue 5d).
+# The LD_PRELOAD library that reproduces the seed-002 mechanism inside the decode worker.
 SRC="$REPO/tests/targets/libinvq_leak.c"
 LIB="$REPO/.cache/libinvq_leak.so"
 if [ ! -f "$LIB" ] || [ "$SRC" -nt "$LIB" ]; then

@@ -7,8 +7,8 @@
 #  * a stub libcuda.so.1 (tests/targets/libcuda_stub.c): libplugin_UCX.so of nixl-cu12 0.9.0 needs it;
 #  * a random-weight Llama with many thin layers (hidden 256, intermediate 704, 16 layers, vocab 8192,
 #    ~29 MB): its per-layer tensors cross glibc's mmap threshold (4 KiB, set for the servers) every step
-#    and a step is cheap, so the workers munmap like production ones (the 1024-hidden 4-layer model that
-#    build_tiny_model.py can also make munmapped ~50/s here: too few for the leak to show in a minute).
+#    and a step is cheap, so the workers munmap like production ones (a 1024-hidden 4-layer model munmaps
+#    ~50/s on 2 cores: too few for the leak to show in a minute).
 set -euo pipefail
 # pip warns about every local index folder a package is missing from; keep the real errors only.
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
