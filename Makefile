@@ -1,6 +1,6 @@
 # The two commands of the README. Both do their own set-up (apt + .venv/) on a fresh machine first:
 # `make demo` only what the demo needs, `make test` everything the suite runs against.
-.PHONY: setup setup-test demo test bench lint
+.PHONY: setup setup-test demo test test-extended bench lint
 
 setup:
 	bash .ci/setup.sh
@@ -14,6 +14,11 @@ demo: setup
 
 test: setup-test
 	bash .ci/test.sh
+
+# The extended modules: a second real vLLM P/D pair (the remedy compared on the real leak) and a vLLM P/D
+# pair across two Ray nodes; ~20 min on 2 cores.
+test-extended: setup-test
+	LEAKTRACE_EXTENDED=1 bash .ci/test.sh
 
 bench: setup-test
 	.venv/bin/python -m bench

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The README's test command (after .ci/setup.sh): lint, then the whole suite on real processes, in two
-# phases (tests/conftest.py, ALONE_MODULES): the heavy and timing-sensitive modules one test at a time, then
-# the others two at a time (pytest-xdist). Both phases always run; the exit status is the first failure's.
+# The README's test command (after .ci/setup.sh): lint, then the suite on real processes, in two phases
+# (tests/conftest.py, ALONE_MODULES): the heavy and timing-sensitive modules one test at a time, then the
+# others two at a time (pytest-xdist). Both phases always run; the exit status is the first failure's.
+# The extended modules (a second real vLLM pair, a vLLM cluster: marker `extended`) run with
+# `make test-extended` (LEAKTRACE_EXTENDED=1), not here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check leaktrace tests bench || exit 1
 pytest=(.venv/bin/python -m pytest -ra --durations=30 -p no:cacheprovider)
-"${pytest[@]}" -m alone "$@"
+if [ "${LEAKTRACE_EXTENDED:-0}" = "1" ]; then
+  "${pytest[@]}" -m extended "$@"
+  exit $?
+fi
+"${pytest[@]}" -m "alone and not extended" "$@"
 alone=$?
-"${pytest[@]}" -m "not alone" -n 2 "$@"
+"${pytest[@]}" -m "not alone and not extended" -n 2 "$@"
 pairs=$?
 # 5: nothing selected in that phase (arguments naming only tests of the other one)
 for rc in "$alone" "$pairs"; do

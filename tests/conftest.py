@@ -98,9 +98,9 @@ def wait_for(pred, timeout: float = 30, step: float = 0.1) -> bool:
     return False
 
 
-# The vintage P/D module (tests/test_vllm_vintage.py: the real seed-002 leak through NIXL 0.9.0's UCX in a real
-# vLLM pair, ~10 min on 2 cores) runs in CI; LEAKTRACE_VINTAGE=0 leaves it out of a local run.
-collect_ignore = ["test_vllm_vintage.py"] if os.environ.get("LEAKTRACE_VINTAGE") == "0" else []
+# Every report.json and compare.json the tool writes during the suite is validated against its JSON Schema
+# (leaktrace/schemas/): a report that drifts from the contract fails the test that made it.
+os.environ.setdefault("LEAKTRACE_SCHEMA_CHECK", "1")
 
 
 # ----------------------------------------------------------------------------- alone or two at a time
@@ -111,7 +111,7 @@ collect_ignore = ["test_vllm_vintage.py"] if os.environ.get("LEAKTRACE_VINTAGE")
 # and the checks of pace, shape or rate that a neighbour's CPU use would skew. Two at a time: hunts of the
 # fixture processes, whose checks count bytes, regions and call paths.
 ALONE_MODULES = {
-    "test_vllm_vintage.py", "test_vllm_pd.py", "test_vllm_single.py", "test_cluster_pd.py", "test_cluster.py",
+    "test_vllm_vintage.py", "test_vllm_pd.py", "test_cluster_pd.py", "test_cluster.py",
     "test_cluster_faults.py", "test_cluster_merge.py", "test_nixl_pair.py", "test_ucx_leak.py", "test_compare.py",
     "test_discover.py", "test_discover_pyheap.py", "test_secrets.py", "test_cli_edges.py", "test_gdb_sampler.py",
     "test_bpf_stream.py", "test_pyheap_stall.py", "test_verdict_plateau.py", "test_demo.py",

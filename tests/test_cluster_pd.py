@@ -25,7 +25,7 @@ from cluster_helpers import _missing, _node, _node_hunts, _why
 from conftest import REPO, is_root, wait_for
 from vllm_fixtures import require_vllm, vllm_servers
 
-pytestmark = [pytest.mark.cluster, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.vllm, pytest.mark.slow, pytest.mark.extended]
 LEAK_LIB = REPO / ".cache" / "libinvq_leak.so"
 HUNT_S = 40
 PF, DC = ("lt-pf", "127.0.0.2"), ("lt-dc", "127.0.0.3")
@@ -203,8 +203,8 @@ def test_cluster_hunt_vllm_names_decode_node_and_shows_prefill_clean(pd_cluster,
     assert top["mb_per_min"] > 5, top
     if is_root():
         # The library comes from the node's eBPF ledger across its PID namespace: as the ledger's own culprit,
-        # or joined by address to /proc's growth when the two rate the window differently ("watcher+ledger",
-        # CI run 25; which of the two ranks first is the analysis's business: tests/test_coverage.py).
+        # or joined by address to /proc's growth when the two rate the window differently ("watcher+ledger";
+        # which of the two ranks first is the analysis's business: tests/test_coverage.py).
         culprits = [(c["source"], c["library"], c["mb_per_min"], c["evidence"]) for c in dc["culprits"]]
         assert top["library"] == "libinvq_leak.so" and top["source"] in ("ledger", "watcher+ledger"), culprits
     assert report["culprits"][0]["hostname"] == DC[0]

@@ -1,18 +1,33 @@
-"""Shared pieces of the real-vLLM tests: skip reasons, a background load, and hunting with the CLI."""
+"""The one real vLLM P/D pair of the suite, started once per test session and shared by the modules that use it.
+
+The pair is the one of tests/targets/vintage_pd.py: vLLM 0.32 (CPU) prefill + decode over the NixlConnector
+with NIXL 0.9.0, whose bundled UCX 1.20.0 has the seed-002 leak (each munmap queues an rcache invalidation
+entry in 148 KiB chunks mapped by UCM's raw mmap, never returned while UCX_RCACHE_MAX_UNRELEASED=inf). No
+LD_PRELOAD, no test library: the leak is UCX's own. It runs in a private network namespace (nothing can leave
+it); four clients send completions through the proxy from the fixture's start to its end, as a deployment's
+traffic goes on while someone hunts.
+"""
 
 from __future__ import annotations
 
-import json
+import subprocess
 import sys
-import threading
-from pathlib import Path
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
-from conftest import REPO, is_root, run_cli
+from conftest import LEAKTRACE, REPO
 
 sys.path.insert(0, str(REPO / "tests" / "targets"))
 
+import vintage_pd  # noqa: E402
 import vllm_servers  # noqa: E402
+
+# Load before anything is asserted: the NIXL handshake, the first KV transfers, and the workers' own warm-up
+# (oneDNN's primitive cache fills with the batch shapes that four clients make).
+WARMUP_S = 45
+MIN_WARM_REQUESTS = 4
 
 
 def require_vllm() -> None:
@@ -21,38 +36,61 @@ def require_vllm() -> None:
         pytest.skip(f"vLLM target missing: {why}")
 
 
-class Load(threading.Thread):
-    """Sequential completions in the background, at most one per ``pause`` seconds, until stopped (or n
-    done); ≥60 s client timeouts. Paced, so the load spans the whole hunt even on a fast machine."""
+@dataclass
+class RealPair:
+    pair: vintage_pd.VintagePair
+    load: vintage_pd.Load
+    workers: dict[str, int]  # role -> VLLM::Worker pid
 
-    def __init__(self, url: str, n: int = 1000, max_tokens: int = 8, pause: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.url, self.n, self.max_tokens, self.pause = url, n, max_tokens, pause
-        self.ok = self.failed = 0
-        self.stop_event = threading.Event()
+    @property
+    def ns(self) -> vintage_pd.NetNs:
+        return self.pair.ns
 
-    def run(self) -> None:
-        for i in range(self.n):
-            if self.stop_event.is_set():
-                return
-            try:
-                vllm_servers.complete(self.url, f"Load {i}: the quick brown fox number {i * 13} jumps", self.max_tokens,
-                                      timeout=90)
-                self.ok += 1
-            except OSError:
-                self.failed += 1
-            self.stop_event.wait(self.pause)
+    @property
+    def prefill(self) -> vllm_servers.Server:
+        return self.pair.prefill
 
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(timeout=100)
+    @property
+    def decode(self) -> vllm_servers.Server:
+        return self.pair.decode
+
+    @property
+    def proxy(self) -> vllm_servers.Proxy:
+        return self.pair.proxy
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """``leaktrace ARGS`` inside the pair's network namespace (where its servers' addresses are)."""
+        return subprocess.run([*self.ns.enter(), *LEAKTRACE, *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, cwd=str(REPO))
+
+    def cli_popen(self, *args: str, stderr) -> subprocess.Popen:
+        return subprocess.Popen([*self.ns.enter(), *LEAKTRACE, *map(str, args)], stdout=subprocess.DEVNULL,
+                                stderr=stderr, text=True, cwd=str(REPO))
+
+    def restart_proxy(self) -> None:
+        self.pair.proxy.stop()
+        self.pair.proxy = vllm_servers.start_proxy(self.pair.proxy.port, [self.prefill.port], [self.decode.port],
+                                                   prefix=self.ns.enter())
+        self.load.url = self.pair.proxy.url
 
 
-def hunt_vllm(out: Path, duration: int, extra: tuple[str, ...] = ()) -> tuple[dict, str]:
-    args = ["hunt", "--vllm", "--duration", str(duration), "--interval", "1", "--no-gdb", "--out", str(out),
-            "--format", "json", *extra]
-    if not is_root():
-        args.append("--no-bpf")
-    r = run_cli(*args, timeout=duration + 240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads((out / "report.json").read_text()), r.stderr
+@pytest.fixture(scope="session")
+def real_pd() -> Iterator[RealPair]:
+    why = vintage_pd.available()
+    if why:
+        pytest.skip(f"real vLLM P/D target missing: {why}")
+    pair = vintage_pd.start(vintage_pd.LEAK)
+    load = vintage_pd.Load(pair.ns, pair.proxy.url)
+    try:
+        workers = {"prefill": vintage_pd.workers(pair.prefill.pid), "decode": vintage_pd.workers(pair.decode.pid)}
+        assert all(len(w) == 1 for w in workers.values()), workers
+        load.start()
+        started = time.monotonic()
+        deadline = started + 300
+        while (load.ok < MIN_WARM_REQUESTS or time.monotonic() - started < WARMUP_S) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert load.ok >= 1, f"no completion through the P/D proxy:\n{pair.decode.tail()}"
+        yield RealPair(pair, load, {role: w[0] for role, w in workers.items()})
+    finally:
+        load.stop()
+        pair.stop()
