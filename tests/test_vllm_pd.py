@@ -87,11 +87,14 @@ class Hunt:
         a, b = self.ledger_window(pid)
         return self.sampler.mb_per_min(pid, t0 + a, t0 + b)
 
-    def ucx_chunks_held(self, pid: int) -> int:
-        """148 KiB regions mapped through UCX during the hunt and still held at its end, in one process."""
+    def ucx_chunks_held(self, pid: int, born_after: float | None = None) -> int:
+        """148 KiB regions mapped through UCX during the hunt (after ``born_after``, seconds of the hunt's clock)
+        and still held at its end, in one process."""
         reg = SessionReader(self.out).table("ledger_regions")
         mine = reg[(reg["pid"] == pid) & reg["library"].fillna("").str.contains(UCX_LIB)
                    & ~reg["preexisting"].astype(bool) & (reg["size"] == CHUNK)]
+        if born_after is not None:
+            mine = mine[mine["t_born"] > born_after]
         return len(mine)
 
 
@@ -188,17 +191,17 @@ def test_hunt_names_ucx_in_the_worker_that_holds_its_chunks(hunt: Hunt) -> None:
 
 def test_ucx_rate_is_what_its_chunks_and_proc_account_for(hunt: Hunt) -> None:
     """The rate is the growth of what the worker holds, over the window it was rated on: the chunks UCX mapped
-    during the hunt and still holds, per minute of that window. It cannot exceed the worker's own RSS growth
+    in that window and still holds at its end, per minute of it. It cannot exceed the worker's own RSS growth
     from /proc over the same window (UCX's chunks are written as the queue fills them)."""
     found = _ucx_culprits(hunt)
     assert found, hunt.report["culprits"]
     pid = found[0]["pid"]
     ucx = sum(c["mb_per_min"] for c in found if c["pid"] == pid)
     a, b = hunt.ledger_window(pid)
-    chunks = hunt.ucx_chunks_held(pid)
+    chunks = hunt.ucx_chunks_held(pid, born_after=a)
     from_chunks = chunks * CHUNK / 2**20 / ((b - a) / 60)
     proc = hunt.proc_mb_per_min(pid)
-    print(f"UCX {ucx:.2f} MB/min; {chunks} chunks held over {b - a:.0f} s = {from_chunks:.2f} MB/min; "
+    print(f"UCX {ucx:.2f} MB/min; {chunks} chunks born and held in {b - a:.0f} s = {from_chunks:.2f} MB/min; "
           f"worker /proc {proc:.2f} MB/min", file=sys.stderr)
     # Traffic varies within the window (a KV read can wait out the prefill's 30 s lease), so the fitted slope
     # and the mean rate differ by the window's shape; both measure the same chunks.
