@@ -110,7 +110,7 @@ class AddressSpace:
             return i
         return i + 1
 
-    def _pieces(self, a: int, b: int) -> list[tuple[int, int, int, int]]:
+    def pieces(self, a: int, b: int) -> list[tuple[int, int, int, int]]:
         """The parts of intervals inside [a, b), as (start, end, origin id, t_born)."""
         i = self._first_overlap(a)
         out = []
@@ -127,7 +127,11 @@ class AddressSpace:
             i += 1
         return out
 
-    def _cut(self, a: int, b: int) -> list[tuple[int, int, int, int]]:
+    def interval_end(self, a: int) -> int:
+        """The end of the interval holding ``a`` (the caller knows one does)."""
+        return self._ends[self._first_overlap(a)]
+
+    def cut(self, a: int, b: int) -> list[tuple[int, int, int, int]]:
         """Unmap [a, b); returns the removed pieces as (start, end, origin id, t_born)."""
         if b <= a:
             return []
@@ -154,12 +158,13 @@ class AddressSpace:
     def remove(self, a: int, b: int) -> list[Interval]:
         """Unmap [a, b): cut every interval there, keeping what lies outside. Returns the removed pieces."""
         full = self.origins.full
-        return [Interval(s, e, full(k, t)) for s, e, k, t in self._cut(a, b)]
+        return [Interval(s, e, full(k, t)) for s, e, k, t in self.cut(a, b)]
 
-    def _put(self, a: int, b: int, oid: int, t_born: int) -> None:
+    def put(self, a: int, b: int, oid: int, t_born: int) -> None:
+        """Map [a, b) to the interned origin ``oid`` born at ``t_born``, replacing whatever was there."""
         if b <= a:
             return
-        self._cut(a, b)
+        self.cut(a, b)
         i = bisect.bisect_left(self._starts, a)
         self._starts.insert(i, a)
         self._ends.insert(i, b)
@@ -172,18 +177,18 @@ class AddressSpace:
         if b <= a:
             return
         oid = self.origins.intern(origin)
-        self._cut(a, b)
+        self.cut(a, b)
         i = bisect.bisect_left(self._starts, a)
         if i > 0 and self._ends[i - 1] == a and self._oids[i - 1] == oid:
             self._ends[i - 1] = b
         else:
-            self._put(a, b, oid, origin.t_born)
+            self.put(a, b, oid, origin.t_born)
 
     def insert(self, a: int, b: int, origin: Origin) -> None:
         """Map [a, b): whatever was there is replaced (MAP_FIXED semantics)."""
         if b <= a:
             return
-        self._put(a, b, self.origins.intern(origin), origin.t_born)
+        self.put(a, b, self.origins.intern(origin), origin.t_born)
 
     def clear(self) -> None:
         for arr in (self._starts, self._ends, self._oids, self._born):

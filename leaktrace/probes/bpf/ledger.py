@@ -100,12 +100,12 @@ class OutstandingLedger:
         kinds = self.origins.origins
         size = self.shm_segments.get(pid, {}).pop(addr, None)
         if size is None:
-            first = sp._pieces(addr, addr + 1)
+            first = sp.pieces(addr, addr + 1)
             if not first or first[0][0] != addr or not _is_sysv(kinds[first[0][2]]):
                 return []  # nothing attached there: the kernel's shmdt fails too
-            size = sp._ends[sp._first_overlap(addr)] - addr  # seeded from one maps line: the whole VMA
+            size = sp.interval_end(addr) - addr  # seeded from one maps line: the whole VMA
         removed: list[Interval] = []
-        for s, e, oid, _t in sp._pieces(addr, addr + size):
+        for s, e, oid, _t in sp.pieces(addr, addr + size):
             if _is_sysv(kinds[oid]):
                 removed += sp.remove(s, e)
         return removed
@@ -139,19 +139,19 @@ class OutstandingLedger:
         old_len, new_len = page_up(old_len), page_up(new_len)
         self._move_segment(pid, old, old_len, new, new_len, dontunmap)
         if dontunmap:
-            pieces = sp._pieces(old, old + old_len)
+            pieces = sp.pieces(old, old + old_len)
         else:
-            pieces = sp._cut(old, old + old_len)
-        sp._cut(new, new + new_len)
+            pieces = sp.cut(old, old + old_len)
+        sp.cut(new, new + new_len)
         delta = new - old
         for s, e, k, t in pieces:
             a, b = s + delta, min(e + delta, new + new_len)
             if b > a:
-                sp._put(a, b, k, t)
+                sp.put(a, b, k, t)
         if new_len > old_len:
             last = self.origins.origins[pieces[-1][2]] if pieces else None
             if last is not None and not (last.preexisting and origin is not None):
-                sp._put(new + old_len, new + new_len, pieces[-1][2], pieces[-1][3])
+                sp.put(new + old_len, new + new_len, pieces[-1][2], pieces[-1][3])
             elif origin is not None:
                 # A region mapped before attach grew after it: the growth is new memory, the caller's.
                 sp.insert(new + old_len, new + new_len, origin)
@@ -180,20 +180,20 @@ class OutstandingLedger:
         a, b = start, start + page_up(length)
         kinds = self.origins.origins
         moved = 0
-        for s, e, oid, t in sp._pieces(a, b):
+        for s, e, oid, t in sp.pieces(a, b):
             kind = kinds[oid].kind
             if prot and kind == "reserve":
                 sp.grow(s, e, origin)
                 moved += e - s
             elif not prot and kind in ("anon", "heap"):
-                sp._put(s, e, self.origins.intern(RESERVE), t)
+                sp.put(s, e, self.origins.intern(RESERVE), t)
                 moved -= e - s
         return moved
 
     def origin_before(self, pid: int, addr: int) -> Origin | None:
         """The origin of counted memory ending right at ``addr`` (what a heap growing from there continues)."""
         sp = self.spaces.get(pid)
-        pieces = sp._pieces(addr - 1, addr) if sp is not None and addr else []
+        pieces = sp.pieces(addr - 1, addr) if sp is not None and addr else []
         if not pieces:
             return None
         o = self.origins.origins[pieces[0][2]]
