@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from leaktrace.commands import format_option
 from leaktrace.commands.hunt import make_logger
 from leaktrace.outdir import output_dir
+from leaktrace.report.formats import REPORT_FORMATS
 
 
 @click.group("cluster")
@@ -40,6 +42,7 @@ def cluster() -> None:
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
 @click.option("--pyheap/--no-pyheap", default=True, show_default=True,
               help="Read the Python heap (GC state, objects by type) of Python targets (on by default).")
+@format_option(REPORT_FORMATS, None)
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Cluster session directory to write (default: a new ./leaktrace-cluster-DATE-TIME); one "
                    "that already holds a session is refused (exit 13).")
@@ -53,10 +56,13 @@ def cluster() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], node_selectors: str,
          duration: float, interval: float, smaps_every: int, gdb_samples: int | None,
-         metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool, out: str | None,
-         shared_dir: str | None, node_timeout: float | None, node_ip_address: str | None, quiet: bool) -> None:
+         metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool, formats: tuple[str, ...] | None,
+         out: str | None, shared_dir: str | None, node_timeout: float | None, node_ip_address: str | None,
+         quiet: bool) -> None:
     """Run `leaktrace hunt` on every selected node of the Ray cluster at --address, with the same
     options everywhere, and merge the node sessions into OUT (report.json, report.md, nodes/).
+    --format is the formats of each node's session (nodes/<node>/: report.json always; by default what
+    `leaktrace hunt` writes); the merged report is report.json and report.md.
 
     A node that fails (no target, target gone, node lost, no answer in time) is reported with its reason;
     the others' results are kept. Exit status 0 when the cluster hunt ran, whatever the verdicts.
@@ -76,7 +82,7 @@ def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], nod
     request = ClusterRequest(
         address=address, vllm=vllm, match=match, pids=[PidSpec.parse(p) for p in pids],
         nodes=[s for s in node_selectors.split(",") if s.strip()], duration=duration,
-        hunt_args=_hunt_args(interval, smaps_every, gdb_samples, metrics_urls, no_bpf, no_gdb, pyheap),
+        hunt_args=_hunt_args(interval, smaps_every, gdb_samples, metrics_urls, no_bpf, no_gdb, pyheap, formats),
         shared_dir=shared_dir, node_timeout=node_timeout, node_ip_address=node_ip_address)
     request.validate()
     import_ray()  # before anything else happens: without Ray, one line saying how to get it
@@ -86,7 +92,7 @@ def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], nod
 
 
 def _hunt_args(interval: float, smaps_every: int, gdb_samples: int | None, metrics_urls: tuple[str, ...],
-               no_bpf: bool, no_gdb: bool, pyheap: bool) -> list[str]:
+               no_bpf: bool, no_gdb: bool, pyheap: bool, formats: tuple[str, ...] | None = None) -> list[str]:
     args = ["--interval", str(interval), "--smaps-every", str(max(1, smaps_every))]
     if gdb_samples is not None:
         args += ["--gdb-samples", str(gdb_samples)]
@@ -95,6 +101,8 @@ def _hunt_args(interval: float, smaps_every: int, gdb_samples: int | None, metri
     args += ["--no-bpf"] if no_bpf else []
     args += ["--no-gdb"] if no_gdb else []
     args += [] if pyheap else ["--no-pyheap"]
+    # Only when asked: a node keeps its own default otherwise.
+    args += ["--format", ",".join(formats)] if formats is not None else []
     return args
 
 

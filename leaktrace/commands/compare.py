@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from leaktrace.commands import parse_formats
+from leaktrace.commands import format_option
 from leaktrace.outdir import absolute
+from leaktrace.report.formats import COMPARE_FORMATS
 
 
 @click.command("compare")
@@ -13,8 +14,8 @@ from leaktrace.outdir import absolute
 @click.argument("after", type=click.Path(file_okay=False))
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Directory for compare.json/.md/.html (default: AFTER).")
-@click.option("--format", "formats", default="json,md,html", show_default=True, help="Comma-separated: json, md, html.")
-def compare(before: str, after: str, out: str | None, formats: str) -> None:
+@format_option(COMPARE_FORMATS, "json,md,html")
+def compare(before: str, after: str, out: str | None, formats: tuple[str, ...]) -> None:
     """Compare two hunts of the same service — BEFORE and AFTER a remedy (or two versions) — and say
     whether it is fixed, not fixed or regressed, with a confidence.
 
@@ -30,14 +31,12 @@ def compare(before: str, after: str, out: str | None, formats: str) -> None:
       leaktrace compare before after
     """
     from leaktrace.analysis.compare import compare_dirs
-    from leaktrace.report import compare as compare_report
 
-    fmts = parse_formats(formats, compare_report.FORMATS)
     cmp = compare_dirs(absolute(before), absolute(after))
     out_dir = absolute(out) if out else absolute(after)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        compare_report.write(cmp, out_dir, fmts)
+        COMPARE_FORMATS.write(cmp, out_dir, formats)
     except OSError as e:
         from leaktrace.errors import OutputNotWritable
 

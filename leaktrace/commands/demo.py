@@ -12,9 +12,10 @@ from pathlib import Path
 
 import click
 
+from leaktrace.commands import format_option
 from leaktrace.errors import TargetError, UsageError
 from leaktrace.outdir import output_dir
-from leaktrace.probes import HuntOptions
+from leaktrace.report.formats import REPORT_FORMATS
 
 READY_TIMEOUT_S = 30.0
 
@@ -60,8 +61,10 @@ def stop_workload(p: subprocess.Popen[str]) -> None:
               help="Leak rate of the workload (MiB/min).")
 @click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
 @click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
+@format_option(REPORT_FORMATS, "json,md,html,folded")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
-def demo(duration: float, out: str | None, force: bool, mb_per_min: float, no_bpf: bool, no_gdb: bool, quiet: bool) -> None:
+def demo(duration: float, out: str | None, force: bool, mb_per_min: float, no_bpf: bool, no_gdb: bool,
+         formats: tuple[str, ...], quiet: bool) -> None:
     """Start the bundled leaking workload, hunt it, write the report.
 
     The workload is a Python host calling a small native "transfer" library (C, built with gcc into
@@ -72,6 +75,7 @@ def demo(duration: float, out: str | None, force: bool, mb_per_min: float, no_bp
     from leaktrace.commands.hunt import make_logger
     from leaktrace.demo import LIBRARY, build_library
     from leaktrace.hunt import run_hunt
+    from leaktrace.probes import HuntOptions
     from leaktrace.report import render_session
 
     if duration <= 0 or mb_per_min <= 0:
@@ -90,7 +94,7 @@ def demo(duration: float, out: str | None, force: bool, mb_per_min: float, no_bp
                                              "buffer_kib": buffer_kib, "pid": proc.pid}})
         finally:
             stop_workload(proc)
-    report = render_session(out_dir, formats=["json", "md", "html", "folded"])
+    report = render_session(out_dir, formats=formats)
     top = report["culprits"][0] if report["culprits"] else None
     click.echo(f"verdict: {report['verdict']}"
                + (f" (hunt stopped early: {result.stop_reason})" if result.stop_reason != "deadline" else ""))
@@ -102,4 +106,7 @@ def demo(duration: float, out: str | None, force: bool, mb_per_min: float, no_bp
             click.echo(f"remedy: {top['remedy']}")
         if top.get("library") != LIBRARY:
             click.echo("the library was not named: run as root with the eBPF probe (see `leaktrace doctor`)")
-    click.echo(f"report: {out_dir / 'report.html'} (also report.md, report.json, outstanding.folded)")
+    written = [REPORT_FORMATS.reporter(f).filename for f in REPORT_FORMATS.selected(formats)]
+    main = "report.html" if "report.html" in written else "report.json"
+    also = [f for f in written if f != main]
+    click.echo(f"report: {out_dir / main}" + (f" (also {', '.join(also)})" if also else ""))

@@ -7,9 +7,10 @@ import time
 
 import click
 
+from leaktrace.commands import format_option
 from leaktrace.errors import UsageError
 from leaktrace.outdir import output_dir
-from leaktrace.probes import HuntOptions
+from leaktrace.report.formats import REPORT_FORMATS
 
 
 def make_logger(quiet: bool):
@@ -52,18 +53,18 @@ def make_logger(quiet: bool):
 @click.option("--prometheus-addr", default="127.0.0.1", show_default=True,
               help="Address the Prometheus endpoint binds to.")
 @click.option("--live/--no-live", default=None, help="Live terminal view (default: when stderr is a TTY).")
-@click.option("--format", "formats", default="json,md,html", show_default=True, help="Report formats.")
+@format_option(REPORT_FORMATS, "json,md,html")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, smaps_every: int, out: str | None,
          force: bool,
          gdb_samples: int | None, gdb_seconds: float | None, gdb_pause_pct: float | None, metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool,
-         prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: str,
+         prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: tuple[str, ...],
          quiet: bool) -> None:
     """Hunt a native-memory leak in live process trees.
 
     Every --pid names the root of a tree: children (and children born during the hunt) are hunted too.
     The hunt stops at --duration, on Ctrl-C or SIGTERM, or when every target exited, and always writes
-    the session and OUT/report.json (plus report.md, report.html). Exit status 0 whatever the verdict.
+    the session and OUT/report.json (plus the other --format files). Exit status 0 whatever the verdict.
 
     \b
     Examples:
@@ -71,6 +72,7 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
       leaktrace hunt --vllm --duration 300 --metrics http://127.0.0.1:8000/metrics
     """
     from leaktrace.hunt import run_hunt
+    from leaktrace.probes import HuntOptions
     from leaktrace.report import render_session
 
     if not pids and not vllm:
@@ -105,7 +107,7 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
     # Absolute before any probe loads (libbcc moves the working directory while it compiles).
     with output_dir(out, prefix="leaktrace", force=force) as out_dir, live_view(options, log, quiet=quiet) as on_tick:
         result = run_hunt(roots, options, out_dir, log=log, write_reports=False, on_tick=on_tick, replace=force)
-    report = render_session(out_dir, formats=[f.strip() for f in formats.split(",") if f.strip()])
+    report = render_session(out_dir, formats=formats)
     if result.warnings:
         click.echo(f"{len(result.warnings)} warning(s); see {out_dir / 'meta.json'}", err=True)
     top = report["culprits"][0] if report["culprits"] else None

@@ -4,24 +4,23 @@ from __future__ import annotations
 
 import click
 
-from leaktrace.commands import parse_formats
+from leaktrace.commands import format_option
 from leaktrace.outdir import absolute
+from leaktrace.report.formats import REPORT_FORMATS
 
 
 @click.command("report")
 @click.argument("session_dir", type=click.Path(file_okay=False))
-@click.option("--format", "formats", default="json,md,html", show_default=True,
-              help="Comma-separated: json, md, html, folded.")
+@format_option(REPORT_FORMATS, "json,md,html")
 @click.option("--stdout", "to_stdout", is_flag=True, help="Also print report.json to stdout.")
-def report(session_dir: str, formats: str, to_stdout: bool) -> None:
+def report(session_dir: str, formats: tuple[str, ...], to_stdout: bool) -> None:
     """Re-render SESSION_DIR's reports from its tables (works on a hunt that was killed)."""
     import json
 
-    from leaktrace.report import FORMATS, render_session
+    from leaktrace.report import render_session
 
-    fmts = parse_formats(formats, FORMATS)
-    rep = render_session(absolute(session_dir), formats=fmts)
+    rep = render_session(absolute(session_dir), formats=formats)
     if to_stdout:
         click.echo(json.dumps(rep, indent=2, default=str))
     else:
-        click.echo(f"verdict: {rep['verdict']}; wrote {', '.join(fmts)} to {session_dir}")
+        click.echo(f"verdict: {rep['verdict']}; wrote {', '.join(REPORT_FORMATS.selected(formats))} to {session_dir}")

@@ -3,15 +3,12 @@ rendering the dict built by leaktrace.analysis.compare and nothing else."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.compare import describe_change
-from leaktrace.atomic import atomic_write_text
+from leaktrace.report.formats import TextReporter
+from leaktrace.report.json_report import JsonReporter
 from leaktrace.report.markdown import table
-
-FORMATS = ("json", "md", "html")
 
 
 def _mb(v: float) -> str:
@@ -58,13 +55,6 @@ def render_html(cmp: dict[str, Any]) -> str:
     return env.get_template("compare.html.j2").render(c=cmp, mb=2**20, remedy_applied=remedy_applied)
 
 
-def write(cmp: dict[str, Any], out_dir: Path, formats: tuple[str, ...] | list[str] = FORMATS) -> list[Path]:
-    out_dir = Path(out_dir)
-    written = []
-    if "json" in formats:
-        written.append(atomic_write_text(out_dir / "compare.json", json.dumps(cmp, indent=2, default=str)))
-    if "md" in formats:
-        written.append(atomic_write_text(out_dir / "compare.md", render_markdown(cmp)))
-    if "html" in formats:
-        written.append(atomic_write_text(out_dir / "compare.html", render_html(cmp)))
-    return written
+JSON_REPORTER = JsonReporter("compare.json", "compare")
+MARKDOWN_REPORTER = TextReporter("md", "compare.md", lambda cmp, _figures: render_markdown(cmp))
+HTML_REPORTER = TextReporter("html", "compare.html", lambda cmp, _figures: render_html(cmp))

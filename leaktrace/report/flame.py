@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import html
 import zlib
-from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.figures import Figures, Stacks, clean_frame
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
-from leaktrace.atomic import atomic_write_text
+from leaktrace.report.formats import TextReporter
 
 
 def collect_stacks(report: Report, figures: Figures | None = None) -> tuple[Stacks, str]:
@@ -49,9 +48,11 @@ def folded_text(stacks: Stacks) -> str:
     return "".join(f"{k} {v}\n" for k, v in sorted(merged.items(), key=lambda kv: -kv[1]))
 
 
-def write_folded(report: Report, out_dir: Path, figures: Figures | None = None) -> Path:
-    stacks, _ = collect_stacks(report, figures)
-    return atomic_write_text(Path(out_dir) / "outstanding.folded", folded_text(stacks))
+def render_folded(report: Report, figures: Figures | None = None) -> str:
+    return folded_text(collect_stacks(report, figures)[0])
+
+
+REPORTER = TextReporter("folded", "outstanding.folded", render_folded)
 
 
 def _tree(stacks: Stacks) -> dict[str, Any]:

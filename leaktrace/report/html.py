@@ -7,7 +7,6 @@ a flame graph of outstanding bytes by stack; culprit cards. Copes with any subse
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -16,8 +15,8 @@ from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.figures import Figures
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
-from leaktrace.atomic import atomic_write_text
 from leaktrace.report.flame import collect_stacks, flame_svg
+from leaktrace.report.formats import TextReporter
 
 MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12
@@ -132,5 +131,4 @@ def render(report: Report, figures: Figures | None = None) -> str:
     return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB, ended=ended)
 
 
-def write(report: Report, out_dir: Path, figures: Figures | None = None) -> Path:
-    return atomic_write_text(Path(out_dir) / "report.html", render(report, figures))
+REPORTER = TextReporter("html", "report.html", render)

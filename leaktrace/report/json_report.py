@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leaktrace.analysis.report_types import Report
 from leaktrace.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from leaktrace.analysis.figures import Figures
 
 
 def _clean(o: Any) -> Any:
@@ -23,5 +26,26 @@ def _clean(o: Any) -> Any:
     return o
 
 
-def write(report: Report, out_dir: Path) -> Path:
-    return atomic_write_text(Path(out_dir) / "report.json", json.dumps(_clean(report), indent=2, default=str))
+def to_json(doc: Mapping[str, Any]) -> str:
+    """The JSON text of a report or comparison: NaN and infinities as null (JSON has neither), numpy
+    scalars as numbers, anything else unknown as its string."""
+    return json.dumps(_clean(doc), indent=2, default=str)
+
+
+class JsonReporter:
+    """Writes ``filename`` from the document (``schema``: the kind of document, report or compare)."""
+
+    def __init__(self, filename: str, schema: str) -> None:
+        self.name = "json"
+        self.filename = filename
+        self.schema = schema
+
+    def write(self, doc: Mapping[str, Any], out_dir: Path, figures: Figures | None = None) -> Path:
+        return atomic_write_text(Path(out_dir) / self.filename, to_json(doc))
+
+
+REPORTER = JsonReporter("report.json", "report")
+
+
+def write(report: Mapping[str, Any], out_dir: Path) -> Path:
+    return REPORTER.write(report, out_dir)

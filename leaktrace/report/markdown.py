@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.report_types import Report
-from leaktrace.atomic import atomic_write_text
+from leaktrace.report.formats import TextReporter
 
 MAX_CULPRITS = 5
 MAX_STACK = 20
@@ -117,8 +116,7 @@ def _ended(report: Report) -> list[str]:
     return lines
 
 
-def write(report: Report, out_dir: Path) -> Path:
-    return atomic_write_text(Path(out_dir) / "report.md", render(report))
+REPORTER = TextReporter("md", "report.md", lambda report, _figures: render(report))
 
 
 def _instance(c: dict[str, Any]) -> str:
