@@ -1,4 +1,4 @@
-"""report.json: the machine-readable contract (../shared/DESIGN.md)."""
+"""report.json: the machine-readable contract (../shared/DESIGN.md, leaktrace/schemas/report.schema.json)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leaktrace.atomic import atomic_write_text
+from leaktrace.report.schema import check_before_write
 
 if TYPE_CHECKING:
     from leaktrace.analysis.figures import Figures
@@ -33,7 +34,8 @@ def to_json(doc: Mapping[str, Any]) -> str:
 
 
 class JsonReporter:
-    """Writes ``filename`` from the document (``schema``: the kind of document, report or compare)."""
+    """Writes ``filename`` from the document, checked against the ``schema`` kind's JSON Schema first when
+    LEAKTRACE_SCHEMA_CHECK=1 (leaktrace.report.schema)."""
 
     def __init__(self, filename: str, schema: str) -> None:
         self.name = "json"
@@ -41,7 +43,9 @@ class JsonReporter:
         self.schema = schema
 
     def write(self, doc: Mapping[str, Any], out_dir: Path, figures: Figures | None = None) -> Path:
-        return atomic_write_text(Path(out_dir) / self.filename, to_json(doc))
+        text = to_json(doc)
+        check_before_write(self.schema, text)
+        return atomic_write_text(Path(out_dir) / self.filename, text)
 
 
 REPORTER = JsonReporter("report.json", "report")
