@@ -47,7 +47,7 @@ def make_logger(quiet: bool):
                    "report tells Python-object growth (culprit python-heap, growing types, gc.freeze state) from "
                    "native growth. Cost (bench/bench_pyheap.py): ~0.02 ms a tick, plus a walk of the GC lists "
                    "(~0.8 µs an object: ~0.1 s for 120k objects, ~0.6 s for vLLM's ~700k) at start, at stop and "
-                   "at most 2% of the time; the target's slowdown at that schedule was within noise (0.96-1.06x "
+                   "at most 2% of the time; the target's slowdown at that schedule is within noise (0.96-1.06x "
                    "of its speed without the probe). --no-pyheap turns it off.")
 @click.option("--prometheus-port", type=int, default=None, help="Expose leaktrace's figures on 127.0.0.1:PORT.")
 @click.option("--prometheus-addr", default="127.0.0.1", show_default=True,
