@@ -47,7 +47,7 @@ def test_maps_view_keeps_names_with_line_separators(tmp_path, spawn) -> None:
     seeded = [iv for iv in probe.ledger.intervals(pid) if iv.start <= addr < iv.end]
     assert len(seeded) == 1 and seeded[0].origin.preexisting
     assert seeded[0].origin.path == str(path)
-    assert probe._library(pid, seeded[0].origin) == path.name
+    assert probe.libraries.of(pid, seeded[0].origin) == path.name
 
 
 @pytest.mark.bpf

@@ -75,7 +75,7 @@ def test_shapes_match_proc_maps(tmp_path, driver) -> None:
     # Compare while the process is alive: the ledger's view of both ranges equals /proc/PID/maps.
     with tr.probe.lock:
         space = tr.probe.ledger.space(driver.pid)
-        kernel = tr.probe._kernel_regions().get(driver.pid, [])
+        kernel = tr.probe.kernel.regions().get(driver.pid, [])
         pieces = sorted([(iv.start, iv.end) for iv in space if not iv.origin.preexisting]
                         + [(a, b) for a, b, _s, _v in kernel])
         heap_start, heap_end = space.heap_start, space.heap_end

@@ -7,10 +7,15 @@
 - :mod:`.addrspace` — one process's address space: disjoint intervals and their interned origins.
 - :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`: the syscalls applied to address
   spaces) and the :class:`Symbolizer`.
-- :mod:`.kernel` — the kernel's region map seen from user space: scanned per tick, absorbed into the
-  ledger when a slow-path event touches it.
-- :mod:`.snapshots` — the session tables the probe writes (per tick, per event, at stop).
-- :mod:`.probe` — :class:`BpfProbe`, the hunt's probe: lifecycle, the ring buffer, events → ledger.
+- :mod:`.origins` — where a mapping comes from: an event's or a kernel region's own origin, and a heap
+  growth's caller found in its stack window.
+- :mod:`.kernel` — the loaded program, its ring and the maps user space writes; the kernel's region map
+  seen from user space: scanned per tick, absorbed into the ledger when a slow-path event touches it.
+- :mod:`.hookpaths` — the paths through memory hooks (UCX's libucm), learned and written to the kernel's maps.
+- :mod:`.snapshots` — the session tables the probe writes (per tick, per event, at stop), and the library
+  each call site names.
+- :mod:`.probe` — :class:`BpfProbe`, the hunt's probe: owns the objects above; lifecycle, the ring's
+  events applied in order to the ledger.
 
 The C sources stay in the top-level bpf/ (found through leaktrace/resources.py). Nothing is imported
 here: importers name the module they use.

@@ -1,4 +1,4 @@
-"""The kernel half's view of memory hooks (a mixin of BpfProbe): where each process's hook library is
+"""The kernel half's view of memory hooks (:class:`HookPaths`): where each process's hook library is
 (`hooks`), and the paths through it learned from LT_EV_HOOKWIN windows (`hook_sites`, `hook_paths`; see
 bpf/leaktrace.h and hookframes.py). What is learned is kept per library build, by file offset, so a process
 that maps the same libucm later gets its paths at once, without a window."""
@@ -6,9 +6,9 @@ that maps the same libucm later gets its paths at once, without a window."""
 from __future__ import annotations
 
 import ctypes as ct
-from typing import Any
 
 from leaktrace.probes.bpf.hookframes import hook_code, walk_hook_frames
+from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import Hook, HookKey, HookPath, WindowEvent
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 from leaktrace.probes.bpf.stackscan import StackScanner
@@ -27,23 +27,24 @@ class _Learned:
 
 
 class HookPaths:
-    prog: Any
-    symbols: Symbolizer
-    scanner: StackScanner
+    """Learns the paths through each process's memory hook (its frames walked with ``symbols``' maps, the
+    stacks of UCX's own chunks kept in ``scanner``'s chains) and writes them to ``kernel``'s hook maps."""
 
-    def _init_hooks(self) -> None:
+    def __init__(self, kernel: KernelSide, symbols: Symbolizer, scanner: StackScanner) -> None:
+        self.kernel = kernel
+        self.symbols = symbols
+        self.scanner = scanner
         self._hook_of: dict[int, tuple[int, int, str]] = {}  # pid -> (code start, end, file) the kernel holds
         self._hook_base: dict[int, int] = {}  # pid -> the address of the hook file's offset 0
         self._learned: dict[str, _Learned] = {}  # hook file -> its paths
         self._failed_walks: dict[int, int] = {}
-        self._hook_callers = {}
         self.hook_counts = {"windows": 0, "sites": 0, "paths": 0, "failed": 0}
 
-    def _set_hook_code(self, pid: int, maps: list[MapEntry]) -> None:
+    def set_code(self, pid: int, maps: list[MapEntry]) -> None:
         """Tell the kernel where the process's memory hook (UCX's libucm) is, once it is mapped (often after
         attach: NIXL loads UCX when its agent starts), with the paths already learned for that build."""
         hook = hook_code(maps)
-        if hook is None or self.prog is None or self._hook_of.get(pid) == hook:
+        if hook is None or self.kernel.prog is None or self._hook_of.get(pid) == hook:
             return
         if self._failed_walks.get(pid, 0) >= MAX_FAILED_WALKS:
             return
@@ -51,7 +52,7 @@ class HookPaths:
         m = next(m for m in maps if m.start == start)
         self._hook_of[pid] = hook
         self._hook_base[pid] = m.start - m.offset
-        self.prog[b"hooks"][ct.c_uint32(pid)] = Hook(start, end, 0)
+        self.kernel.prog[b"hooks"][ct.c_uint32(pid)] = Hook(start, end, 0)
         learned = self._learned.get(path)
         if learned is not None:
             for site, caller_off in learned.sites.items():
@@ -61,15 +62,15 @@ class HookPaths:
 
     def _write_site(self, pid: int, site_off: int, caller_off: int) -> None:
         key = HookKey(pid, 0, self._hook_base[pid] + site_off)
-        self.prog[b"hook_sites"][key] = ct.c_uint64(caller_off)
+        self.kernel.prog[b"hook_sites"][key] = ct.c_uint64(caller_off)
 
     def _write_path(self, pid: int, caller_off_in_file: int, p: tuple[int, int, int]) -> None:
         base = self._hook_base[pid]
         dispatch_off, last_off, last_ret = p
-        self.prog[b"hook_paths"][HookKey(pid, 0, base + caller_off_in_file)] = HookPath(
+        self.kernel.prog[b"hook_paths"][HookKey(pid, 0, base + caller_off_in_file)] = HookPath(
             dispatch_off, last_off, base + last_ret)
 
-    def _learn_hook(self, e: WindowEvent) -> None:
+    def learn(self, e: WindowEvent) -> None:
         """An LT_EV_HOOKWIN window: walk it through the hook's frames, and hand what it shows to the kernel
         for every process that maps the same build."""
         pid = e.tgid
@@ -110,25 +111,24 @@ class HookPaths:
                 for q in same:
                     self._write_path(q, caller_off, p)
 
-    def _hook_process_gone(self, pid: int) -> None:
+    def process_gone(self, pid: int) -> None:
         """The process exited or exec'd (the new image may map no hook, or map it elsewhere)."""
         self._forget_hook(pid)
         self._failed_walks.pop(pid, None)
-        self._hook_callers = {k: v for k, v in self._hook_callers.items() if k[0] != pid}
 
     def _forget_hook(self, pid: int) -> None:
         """The kernel forgets the process's hook and paths (gone, or its hook cannot be walked)."""
-        if self.prog is None:
+        if self.kernel.prog is None:
             return
         if self._hook_of.pop(pid, None) is None:
             return
         self._hook_base.pop(pid, None)
         try:
-            del self.prog[b"hooks"][ct.c_uint32(pid)]
+            del self.kernel.prog[b"hooks"][ct.c_uint32(pid)]
         except (KeyError, TypeError):
             pass
         for table in (b"hook_sites", b"hook_paths", b"hook_own"):
-            t = self.prog[table]
+            t = self.kernel.prog[table]
             for key in [k for k in t.keys() if k.tgid == pid]:
                 try:
                     del t[key]

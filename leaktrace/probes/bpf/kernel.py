@@ -1,34 +1,31 @@
-"""The kernel half's region map, seen from user space: the regions the kernel owns (plain mmaps it keeps
-and settles by itself), read per tgid into arrays; moving them into the ledger when a slow-path event
-touches them ("absorbing" them, in timestamp order, so a region born after an unmap is never blamed on
-it); and every outstanding region over both halves, reconciled with what the ledger holds.
+"""The kernel half, seen from user space (:class:`KernelSide`): the loaded BPF program, its ring and the
+maps user space writes (targets, runtime code, counters, stacks); the regions the kernel owns (plain mmaps
+it keeps and settles by itself), read per tgid into arrays; moving them into the ledger when a slow-path
+event touches them ("absorbing" them, in timestamp order, so a region born after an unmap is never blamed
+on it); and every outstanding region over both halves, reconciled with what the ledger holds.
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes as ct
+import time
 from array import array
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes.bpf.addrspace import Origin
-from leaktrace.probes.bpf.layout import ANON_FD, Event, Region, RegionKey
+from leaktrace.probes.bpf.layout import COUNTERS, Range, Region, RegionKey
 from leaktrace.probes.bpf.ledger import OutstandingLedger
-
-
-def _kind(fd: int, prot: int) -> str:
-    """An mmap's origin kind: a file, anonymous memory, or a PROT_NONE anonymous reservation."""
-    if (fd & 0xFFFFFFFF) != ANON_FD:
-        return "file"
-    return "anon" if prot else "reserve"
+from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
 
 
 class KernelRegions:
     """The kernel-owned regions of one process, sorted by start, column-wise in machine-word arrays
-    (``oids`` index the probe's interned kernel origins; ``maxend[i]`` = max(ends[:i + 1]), for bisecting
+    (``oids`` index the kernel side's interned origins; ``maxend[i]`` = max(ends[:i + 1]), for bisecting
     the first region that can overlap an address even if stale entries overlap)."""
 
     __slots__ = ("starts", "ends", "seqs", "oids", "maxend")
@@ -48,21 +45,101 @@ class KernelRegions:
         return i < len(self.starts) and self.starts[i] == start and self.seqs[i] == seq
 
 
+
 class KernelSide:
-    """The kernel-map half of :class:`~leaktrace.probes.bpf.probe.BpfProbe` (its base class): the probe
-    owns the state these methods use, declared here."""
+    """The loaded program (``prog``: None before :meth:`attach` and after :meth:`close`), the maps user space
+    reads and writes, and the kernel-owned regions: read from the ``regions`` map, interned per call site,
+    and absorbed into ``ledger``. A hooked malloc chunk's region takes the caller ``origins`` found for its
+    thread."""
 
-    prog: Any  # the loaded BCC program (its maps: regions, counters, stacks)
-    _lib: Any  # libbcc (bpf_lookup_and_delete)
-    ledger: OutstandingLedger
-    _seen_kernel: dict[int, KernelRegions]
-    _kernel_count: int
-    _korigin_ids: dict[tuple[str, int, int, int], int]
-    _korigins: list[Origin]
-    _hook_callers: dict[tuple[int, int], Origin]  # (pid, tid) -> its last hooked malloc chunk's origin
-    scanner: Any  # StackScanner
+    def __init__(self, ledger: OutstandingLedger, origins: GrowthOrigins) -> None:
+        self.ledger = ledger
+        self.origins = origins
+        self.prog: Any = None  # the loaded BCC program (its maps: regions, counters, stacks ...)
+        self.pidns_ino: int | None = None  # set when /proc's pids are not the kernel's (bpf/leaktrace.bpf.c)
+        self._lib: Any = None  # libbcc (bpf_lookup_and_delete)
+        # Kernel regions at the last snapshot, per tgid (only starts and seqs are kept: 16 bytes a region).
+        self._seen_kernel: dict[int, KernelRegions] = {}
+        self.kernel_count = 0  # regions the kernel held at the last outstanding()
+        # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
+        self._korigin_ids: dict[tuple[str, int, int, int], int] = {}
+        self._korigins: list[Origin] = []
 
-    def _scan_kernel(self) -> dict[int, KernelRegions]:
+    # ------------------------------------------------------------------ the program, its ring and maps
+    def attach(self, prog: Any, lib: Any, on_record: Any, pidns_ino: int | None) -> None:
+        """Hold the loaded program and open its ring (``on_record`` is called per record consumed)."""
+        self.pidns_ino = pidns_ino
+        self.prog = prog
+        self._lib = lib
+        try:
+            self.prog[b"events"].open_ring_buffer(on_record)
+        except Exception as e:  # noqa: BLE001
+            self.prog.cleanup()
+            raise BpfUnavailable(f"cannot open the BPF ring buffer: {e}") from e
+
+    def close(self) -> None:
+        self.prog.cleanup()
+        self.prog = None
+
+    def consume(self) -> None:
+        """Hand what the ring holds to ``on_record`` (see :meth:`attach`)."""
+        self.prog.ring_buffer_consume()
+
+    def add_target(self, pid: int) -> None:
+        if self.pidns_ino:
+            # The kernel learns the host pid at the process's next traced call (bpf/leaktrace.bpf.c).
+            self.prog[b"ns_targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
+        else:
+            self.prog[b"targets"][ct.c_uint32(pid)] = ct.c_uint32(0)
+
+    def untarget_all(self) -> None:
+        """No process is traced any more once the calls already past their entry have finished."""
+        if self.pidns_ino:  # first: a namespace task re-adds its host pid from it (bpf/leaktrace.bpf.c)
+            self.prog[b"ns_targets"].clear()
+        self.prog[b"targets"].clear()
+        time.sleep(0.02)  # calls that passed their entry before the clear finish (their exit records them)
+        self.prog[b"targets"].clear()
+
+    def set_runtime(self, pid: int, code: tuple[int, int]) -> None:
+        """libc's code in ``pid``: anonymous mmaps called from there take the slow path with a stack window
+        (bpf/leaktrace.bpf.c). Nothing without a loaded program."""
+        if self.prog is not None:
+            self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*code)
+
+    def forget_runtime(self, pid: int) -> None:
+        try:
+            del self.prog[b"runtime"][ct.c_uint32(pid)]
+        except (KeyError, TypeError):
+            pass
+
+    def oom_marked(self, pid: int, code: int | None) -> bool:
+        """A SIGKILLed process the OOM killer marked just after its exit event was sent (the kernel sends the
+        SIGKILL before oom:mark_victim fires): looked up once more now. Host pids only (the map's keys)."""
+        if code != 9 or self.pidns_ino or self.prog is None:
+            return False
+        try:
+            return ct.c_uint32(pid) in self.prog[b"oom_victims"]
+        except Exception:  # noqa: BLE001 - a missing map (older program) means "not known"
+            return False
+
+    def read_counters(self, counters: dict[str, int]) -> None:
+        """The kernel's counters (summed over CPUs) into ``counters``."""
+        table = self.prog[b"counters"]
+        for i, name in enumerate(COUNTERS):
+            counters[name] = int(sum(table[ct.c_int(i)]))
+
+    def stack(self, stack_id: int) -> list[int]:
+        """The addresses the kernel recorded for ``stack_id`` (innermost first); none once evicted, or
+        without a loaded program."""
+        if self.prog is None:
+            return []
+        try:
+            return list(self.prog[b"stacks"].walk(stack_id))
+        except (KeyError, LeaktraceError, Exception):  # noqa: BLE001 - evicted stack id
+            return []
+
+    # ------------------------------------------------------------------ kernel-owned regions
+    def scan(self) -> dict[int, KernelRegions]:
         """Kernel-owned regions per tgid, read straight into arrays (no object kept per region)."""
         cols = [array("Q") for _ in range(4)]  # tgid, start, end, seq
         oids = array("I")
@@ -71,11 +148,11 @@ class KernelSide:
         def fill(items: Any, cols: list[array], oids: array) -> None:
             tg, st, en, sq = cols
             for k, v in items:
-                o = self._hook_caller_of(k.tgid, v)
+                o = self.origins.hook_caller_of(k.tgid, v)
                 if o is not None:
                     key = (o.kind, o.site, o.ip, o.stack_id)  # a hooked malloc chunk sent without a window
                 else:
-                    key = (_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
+                    key = (mmap_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
                 oid = ids.get(key)
                 if oid is None:
                     oid = ids[key] = len(origins)
@@ -109,10 +186,10 @@ class KernelSide:
                                              array("Q", np.maximum.accumulate(ends).tobytes()))
         return out
 
-    def _kernel_regions(self) -> dict[int, list[tuple[int, int, int, Origin]]]:
+    def regions(self) -> dict[int, list[tuple[int, int, int, Origin]]]:
         """Kernel-owned regions per tgid: sorted (start, end, seq, origin) (for tests and debugging)."""
         out: dict[int, list[tuple[int, int, int, Origin]]] = {}
-        for tgid, kr in self._scan_kernel().items():
+        for tgid, kr in self.scan().items():
             out[tgid] = [(a, b, q, self._kernel_origin(k, q))
                          for a, b, q, k in zip(kr.starts, kr.ends, kr.seqs, kr.oids, strict=True)]
         return out
@@ -131,30 +208,15 @@ class KernelSide:
     def _put_back(self, tgid: int, start: int, val: Region) -> None:
         self.prog[b"regions"][RegionKey(tgid, 0, start)] = val
 
-    def _hook_caller_of(self, tgid: int, v: Region) -> Origin | None:
-        """A malloc chunk mapped through a memory hook without a stack window (the kernel sends one per thread
-        per few ms: bpf/leaktrace.bpf.c) is a kernel region with libc's site: the origin its thread's last window
-        named (a thread's burst of chunks has one caller). None for any other region."""
-        o = self._hook_callers.get((tgid, v.tid)) if self._hook_callers else None
-        if o is not None and v.fd == ANON_FD and self.scanner.in_libc(tgid, v.site):
-            return o
-        return None
-
     def _kernel_region_origin(self, tgid: int, v: Region) -> Origin:
-        """A kernel region's origin (a hooked malloc chunk's: see :meth:`_hook_caller_of`)."""
-        o = self._hook_caller_of(tgid, v)
+        """A kernel region's origin (a hooked malloc chunk's: see :meth:`GrowthOrigins.hook_caller_of`)."""
+        o = self.origins.hook_caller_of(tgid, v)
         if o is not None:
             return Origin(o.kind, t_born=v.seq, site=o.site, ip=o.ip, stack_id=o.stack_id, tid=v.tid)
-        return self._origin_of(v)
+        return origin_of(v)
 
-    @staticmethod
-    def _origin_of(v: Region | Event, kind: str | None = None) -> Origin:
-        if kind is None:
-            kind = _kind(v.fd, v.prot)
-        return Origin(kind, t_born=v.seq, site=v.site, ip=v.ip, stack_id=v.stack_id, tid=v.tid)
-
-    def _absorb(self, kmap: dict[int, KernelRegions], tgid: int, a: int, b: int,
-                seq: int, taken: set[tuple[int, int]]) -> None:
+    def absorb(self, kmap: dict[int, KernelRegions], tgid: int, a: int, b: int,
+               seq: int, taken: set[tuple[int, int]]) -> None:
         """Move kernel regions of ``tgid`` overlapping [a, b) and born before ``seq`` into the ledger."""
         kr = kmap.get(tgid)
         if kr is None:
@@ -176,8 +238,8 @@ class KernelSide:
             taken.add((tgid, start))
             self.ledger.mmap(tgid, start, val.len, self._kernel_region_origin(tgid, val))
 
-    def _drop_kernel(self, kmap: dict[int, KernelRegions], tgid: int, seq: int,
-                     taken: set[tuple[int, int]]) -> None:
+    def drop(self, kmap: dict[int, KernelRegions], tgid: int, seq: int, taken: set[tuple[int, int]]) -> None:
+        """Remove from the kernel map the regions of ``tgid`` born before ``seq`` (its exec or exit)."""
         kr = kmap.get(tgid)
         if kr is None:
             return
@@ -188,10 +250,19 @@ class KernelSide:
                 if val is not None and val.seq >= seq:
                     self._put_back(tgid, start, val)
 
-    def _outstanding(self) -> Iterator[tuple[int, int, int, Origin, int, bool]]:
+    def held_before(self, kmap: dict[int, KernelRegions], pid: int,
+                    seq: int) -> list[tuple[int, int, int, Origin, int]]:
+        """The kernel regions of ``pid`` in ``kmap`` born before ``seq``: (pid, start, end, origin, t_born)."""
+        kr = kmap.get(pid)
+        if kr is None:
+            return []
+        return [(pid, start, end, self._korigins[oid], rseq)
+                for start, end, rseq, oid in zip(kr.starts, kr.ends, kr.seqs, kr.oids, strict=True) if rseq < seq]
+
+    def outstanding(self) -> Iterator[tuple[int, int, int, Origin, int, bool]]:
         """Every outstanding region, both halves: (pid, start, end, origin, t_born, kernel_owned). The origin
         is the interned one of the call site (its own t_born is 0): the region's birth is ``t_born``."""
-        kmap = self._scan_kernel()
+        kmap = self.scan()
         prev = self._seen_kernel
         for tgid, kr in kmap.items():
             sp = self.ledger.spaces.get(tgid)
@@ -206,7 +277,7 @@ class KernelSide:
         # Keep only what the next snapshot compares with.
         self._seen_kernel = {t: KernelRegions(kr.starts, array("Q"), kr.seqs, array("I"), array("Q"))
                              for t, kr in kmap.items()}
-        self._kernel_count = sum(len(kr) for kr in kmap.values())
+        self.kernel_count = sum(len(kr) for kr in kmap.values())
         return self._outstanding_rows(kmap)
 
     def _outstanding_rows(self, kmap: dict[int, KernelRegions]) -> Iterator[tuple[int, int, int, Origin, int, bool]]:

@@ -1,29 +1,50 @@
-"""Where a heap's growth comes from: the caller of malloc found in an event's stack window (a mixin of
-BpfProbe, which holds the scanner and the kernel regions' origins), also when malloc's mmap went through a
-memory hook (UCX's libucm)."""
+"""Where a mapping comes from: the origin of an event or a kernel region (:func:`origin_of`), and of a heap's
+growth (:class:`GrowthOrigins`): the caller of malloc found in an event's stack window, also when malloc's mmap
+went through a memory hook (UCX's libucm)."""
 
 from __future__ import annotations
 
 from leaktrace.probes.bpf.addrspace import Origin
-from leaktrace.probes.bpf.layout import EV_MMAP, EV_MREMAP, Event, WindowEvent
+from leaktrace.probes.bpf.layout import ANON_FD, EV_MMAP, EV_MREMAP, Event, Region, WindowEvent
+from leaktrace.probes.bpf.stackscan import StackScanner
+
+
+def mmap_kind(fd: int, prot: int) -> str:
+    """An mmap's origin kind: a file, anonymous memory, or a PROT_NONE anonymous reservation."""
+    if (fd & 0xFFFFFFFF) != ANON_FD:
+        return "file"
+    return "anon" if prot else "reserve"
+
+
+def origin_of(v: Region | Event, kind: str | None = None) -> Origin:
+    """The origin an event or a kernel region names itself: its call site, stack and birth."""
+    if kind is None:
+        kind = mmap_kind(v.fd, v.prot)
+    return Origin(kind, t_born=v.seq, site=v.site, ip=v.ip, stack_id=v.stack_id, tid=v.tid)
 
 
 class GrowthOrigins:
-    _hook_callers: dict[tuple[int, int], Origin]  # (pid, tid) -> its last hooked malloc chunk's origin (kernel.py)
+    """Origins found by scanning stack windows with ``scanner`` (whose call chains it fills), and the
+    origin each thread's last hooked malloc chunk was given, for that thread's chunks sent without a
+    window."""
 
-    def _growth_origin(self, e: Event, kind: str | None) -> Origin:
+    def __init__(self, scanner: StackScanner) -> None:
+        self.scanner = scanner
+        self._hook_callers: dict[tuple[int, int], Origin] = {}  # (pid, tid) -> its last hooked malloc chunk's origin
+
+    def growth_origin(self, e: Event, kind: str | None) -> Origin:
         """The origin of a heap's growth: its call site is the first return address outside libc/ld.so
         found by scanning the event's stack window (the caller of malloc), else the syscall's caller.
         ``kind`` None (an anonymous mmap or mprotect made by libc): "heap" when malloc & co. made it, else
         "anon"."""
-        o = self._origin_of(e, kind or "anon")
+        o = origin_of(e, kind or "anon")
         if not isinstance(e, WindowEvent) or not e.win_len:
             return o
         window = e.window
         if e.type == EV_MMAP and e.aux_pid:
             # made through a memory hook: the kernel read the hooked function's caller (libc's malloc here) at
             # this offset (bpf/leaktrace.h, struct lt_hook_path); below it are only the hook's own frames. The
-            # thread's next chunks come without a window for a few ms: they take this caller (kernel.py).
+            # thread's next chunks come without a window for a few ms: they take this caller (hook_caller_of).
             o = self._scanned_origin(e, o, kind, window[e.aux_pid:])
             if o.site != e.site:
                 if len(self._hook_callers) > 100_000:
@@ -43,14 +64,27 @@ class GrowthOrigins:
 
     def _scanned_origin(self, e: Event, o: Origin, kind: str | None, window: bytes) -> Origin:
         """The origin from a scan of ``window`` for the first return address outside libc/ld.so (see
-        :meth:`_growth_origin`); ``o`` when there is none."""
+        :meth:`growth_origin`); ``o`` when there is none."""
         inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
         if kind is None:
             kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"
-            o = self._origin_of(e, kind)
+            o = origin_of(e, kind)
         caller = self.scanner.caller(e.tgid, inner)
         if caller is None:
             return o
         if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown
             self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window)
         return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
+
+    def hook_caller_of(self, tgid: int, v: Region) -> Origin | None:
+        """A malloc chunk mapped through a memory hook without a stack window (the kernel sends one per thread
+        per few ms: bpf/leaktrace.bpf.c) is a kernel region with libc's site: the origin its thread's last window
+        named (a thread's burst of chunks has one caller). None for any other region."""
+        o = self._hook_callers.get((tgid, v.tid)) if self._hook_callers else None
+        if o is not None and v.fd == ANON_FD and self.scanner.in_libc(tgid, v.site):
+            return o
+        return None
+
+    def forget(self, pid: int) -> None:
+        """The process exited or exec'd: its threads' hooked callers no longer apply."""
+        self._hook_callers = {k: v for k, v in self._hook_callers.items() if k[0] != pid}

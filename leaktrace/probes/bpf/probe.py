@@ -7,6 +7,13 @@ moving kernel-owned regions into the ledger when a slow event touches them ("abs
 timestamp order so a region born after an unmap is never blamed on it), and once per tick writes
 per-library totals over both halves.
 
+The probe composes objects it owns, each given what it uses at construction: the ledger and the
+symbolizer; :class:`~.origins.GrowthOrigins` (heap growth's callers, from stack windows);
+:class:`~.kernel.KernelSide` (the loaded program, its ring and maps, the kernel-owned regions);
+:class:`~.hookpaths.HookPaths` (memory hooks' paths, learned and written to the kernel's maps);
+:class:`~.snapshots.LibraryNames` and, from ``start``, :class:`~.snapshots.SnapshotRows` (the session
+rows). The probe keeps the lifecycle, the lock, the event queue and the order events are applied in.
+
 The session tables it writes are listed in :mod:`.snapshots`.
 """
 
@@ -20,11 +27,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from leaktrace import procfs
-from leaktrace.errors import AccessDenied, BpfUnavailable, ProcessGone
+from leaktrace.errors import AccessDenied, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions
-from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.hookpaths import HookPaths
-from leaktrace.probes.bpf.kernel import KernelRegions
+from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import (
     COUNTERS,
     EV_BRK,
@@ -43,13 +49,12 @@ from leaktrace.probes.bpf.layout import (
     EXIT_OOM,
     MREMAP_DONTUNMAP,
     Event,
-    Range,
     WindowEvent,
 )
-from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
-from leaktrace.probes.bpf.origins import GrowthOrigins
+from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.origins import GrowthOrigins, origin_of
 from leaktrace.probes.bpf.procread import _is_process, _read_maps, _start_brk
-from leaktrace.probes.bpf.snapshots import SnapshotRows
+from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
 from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
 from leaktrace.probes.bpf.sysvshm import ShmSizer
 
@@ -60,7 +65,7 @@ MAX_BATCH = 8192
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
 
-class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
+class BpfProbe:
     name = "bpf"
 
     def __init__(self, options: HuntOptions | None = None, poll_interval: float = 0.05,
@@ -74,37 +79,30 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         self.ledger = OutstandingLedger()
         self.symbols = Symbolizer()
         self.scanner = StackScanner(self.symbols)
+        self.origins = GrowthOrigins(self.scanner)
+        self.kernel = KernelSide(self.ledger, self.origins)
+        self.hooks = HookPaths(self.kernel, self.symbols, self.scanner)
+        self.libraries = LibraryNames(self.ledger, self.symbols, self._refresh_maps)
+        self.writer: SnapshotRows | None = None  # made at start: it writes into the hunt's session
         self.lock = threading.RLock()
         # Threads other than the poll thread waiting for the lock (the tick, add_pid): Python's locks are
         # not fair, and a poll thread that drains full batches back to back re-takes the lock the moment it
         # lets go, so a waiting tick could wait out the whole stream (tens of seconds in a loaded P/D decode).
         self._waiting = 0
         self._waiting_lock = threading.Lock()
-        self.prog: Any = None
         self.header_kind = ""
         self.ctx: HuntContext | None = None
         self._queue: list[Event] = []
         self._applied = 0  # events taken from the ring and applied (all batches)
         self._maps_due: set[int] = set()  # processes that loaded a library in the batch being applied
         self._known: set[int] = set()
-        self._init_hooks()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._site_lib: dict[tuple[int, int, int, int], str] = {}
-        self._stacks: dict[tuple[int, int], int] = {}  # (pid, site) -> stack_id
-        # Kernel regions at the last snapshot, per tgid (only starts and seqs are kept: 16 bytes a region).
-        self._seen_kernel: dict[int, KernelRegions] = {}
-        self._kernel_count = 0
-        # Kernel regions' origins, interned per call site (kind, site, ip, stack_id): t_born is the seq.
-        self._korigin_ids: dict[tuple[str, int, int, int], int] = {}
-        self._korigins: list[Origin] = []
         self._counters: dict[str, int] = {**dict.fromkeys(COUNTERS, 0), "shm_unsized": 0}
         self.shm_sizer = ShmSizer()
-        self._lib = None
         self._maps_refreshed: dict[int, float] = {}
         self.attach_s: float | None = None
         self.error: str | None = None
-        self.pidns_ino: int | None = None  # set when /proc's pids are not the kernel's (bpf/leaktrace.bpf.c)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, ctx: HuntContext) -> None:
@@ -114,20 +112,17 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         t0 = time.monotonic()
         # Inside a PID namespace the kernel's pids are not /proc's: the program then translates them.
         ns = loader.pid_namespace()
-        self.pidns_ino = None if ns is None or ns.is_init else ns.ino
-        self.prog, choice = loader.load_program(defines={**self.defines, **(ns.defines() if ns else {})})
+        pidns_ino = None if ns is None or ns.is_init else ns.ino
+        prog, choice = loader.load_program(defines={**self.defines, **(ns.defines() if ns else {})})
         self.header_kind = choice.kind
-        self._lib = loader.import_bcc().libbcc.lib
-        try:
-            self.prog[b"events"].open_ring_buffer(self._on_event)
-        except Exception as e:  # noqa: BLE001
-            self.prog.cleanup()
-            raise BpfUnavailable(f"cannot open the BPF ring buffer: {e}") from e
+        self.writer = SnapshotRows(ctx, self.kernel, self.ledger, self.libraries, self.symbols, self.scanner,
+                                   choice.kind)
+        self.kernel.attach(prog, loader.import_bcc().libbcc.lib, self._on_event, pidns_ino)
         for pid in ctx.targets.live():
             self._add_target(pid)
         self.attach_s = time.monotonic() - t0
         self._missed_at_attach(ctx)
-        where = f", pids of PID namespace {self.pidns_ino}" if self.pidns_ino else ""
+        where = f", pids of PID namespace {pidns_ino}" if pidns_ino else ""
         ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
                 f"attached in {self.attach_s:.2f}s")
         self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
@@ -174,11 +169,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         if pid in self._known:
             return
         self._known.add(pid)
-        if self.pidns_ino:
-            # The kernel learns the host pid at the process's next traced call (bpf/leaktrace.bpf.c).
-            self.prog[b"ns_targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
-        else:
-            self.prog[b"targets"][ct.c_uint32(pid)] = ct.c_uint32(0)
+        self.kernel.add_target(pid)
         self._seed(pid)
 
     def _seed(self, pid: int) -> None:
@@ -192,10 +183,13 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
                          t=time.monotonic_ns(),
                          reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
         libc = libc_code(maps)
-        if libc is not None and self.prog is not None:
-            # anonymous mmaps called from there take the slow path with a stack window (bpf/leaktrace.bpf.c)
-            self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*libc)
+        if libc is not None:
+            self.kernel.set_runtime(pid, libc)
         self._set_hook_code(pid, maps)
+
+    def _set_hook_code(self, pid: int, maps: list[MapEntry]) -> None:
+        """The hook learner sees every maps copy the probe reads (at seed and at refresh)."""
+        self.hooks.set_code(pid, maps)
 
     def _poll_loop(self) -> None:
         full = False
@@ -222,7 +216,7 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
             self._snapshot()
 
     def stop(self) -> None:
-        if self.prog is None:
+        if self.kernel.prog is None:
             return
         self._stop.set()
         if self._thread is not None:
@@ -231,20 +225,22 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
             try:
                 self._drain_at_stop()
                 self._snapshot()
-                self._write_final()
+                if self.writer is not None:
+                    self.writer.write_final()
             finally:
-                self.prog.cleanup()
-                self.prog = None
+                self.kernel.close()
+
+    def _snapshot(self) -> None:
+        if self.kernel.prog is None or self.writer is None:
+            return
+        self.kernel.read_counters(self._counters)
+        self.writer.snapshot(self._counters, len(self._queue))
 
     def _drain_at_stop(self) -> None:
         """Untarget every process, then apply all the ring holds. While the targets are traced, the kernel's
         own regions (read at the final snapshot) run ahead of the events drained: without this, a library
         that maps a chunk per 1,024 munmaps would leave chunks outstanding whose munmaps are still in the ring."""
-        if self.pidns_ino:  # first: a namespace task re-adds its host pid from it (bpf/leaktrace.bpf.c)
-            self.prog[b"ns_targets"].clear()
-        self.prog[b"targets"].clear()
-        time.sleep(0.02)  # calls that passed their entry before the clear finish (their exit records them)
-        self.prog[b"targets"].clear()
+        self.kernel.untarget_all()
         while self._drain():
             pass
 
@@ -253,7 +249,11 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         return {"events": self._counters["syscalls"], "lost_events": self._counters["lost_events"],
                 "outstanding_bytes": tot, "slow_events": self._counters["slow_events"],
                 "settled_in_kernel": self._counters["settled"], "headers": self.header_kind,
-                "attach_s": self.attach_s, "error": self.error, "memory_hook": dict(self.hook_counts)}
+                "attach_s": self.attach_s, "error": self.error, "memory_hook": dict(self.hooks.hook_counts)}
+
+    def ledger_totals(self) -> int:
+        live = self.ctx.live.bpf if self.ctx else {}
+        return int(live.get("outstanding_bytes", 0))
 
     # ------------------------------------------------------------------ events
     def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
@@ -266,25 +266,25 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
 
     def _drain(self) -> bool:
         """Apply at most MAX_BATCH events from the ring; True when the batch was full (more may wait)."""
-        if self.prog is None:
+        if self.kernel.prog is None or self.writer is None:
             return False
-        self.prog.ring_buffer_consume()
+        self.kernel.consume()
         if not self._queue:
             return False
         batch, self._queue = self._queue, []
         self._applied += len(batch)
         needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_SHMAT, EV_EXEC, EV_EXIT)
                            for e in batch)
-        kmap = self._scan_kernel() if needs_kernel else {}
+        kmap = self.kernel.scan() if needs_kernel else {}
         self.shm_sizer.new_batch()
         taken: set[tuple[int, int]] = set()
         rows = []
         for e in batch:
             if e.type == EV_HOOKWIN:  # nothing to account: a window to learn a hook's frames from
-                self._learn_hook(e)
+                self.hooks.learn(e)
                 continue
             self._apply(e, kmap, taken)
-            rows.append(self._event_row(e))
+            rows.append(self.writer.event_row(e))
         self._refresh_due_maps()
         self._counters["shm_unsized"] = self.shm_sizer.unsized
         if self.ctx is not None:
@@ -302,34 +302,34 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
     def _apply(self, e: Event, kmap: dict, taken: set) -> None:
         pid = e.tgid
         if e.type == EV_MMAP:
-            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
-            o = self._origin_of(e)
-            self.ledger.mmap(pid, e.addr, e.len, self._growth_origin(e, None) if o.kind == "anon" else o)
+            self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            o = origin_of(e)
+            self.ledger.mmap(pid, e.addr, e.len, self.origins.growth_origin(e, None) if o.kind == "anon" else o)
             if e.fd != (1 << 64) - 1 and e.prot & 4:
                 self._maps_due.add(pid)
         elif e.type == EV_MUNMAP:
-            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.ledger.munmap(pid, e.addr, e.len)
         elif e.type == EV_MREMAP:
-            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
-            self._absorb(kmap, pid, e.new_addr, e.new_addr + e.new_len, e.seq, taken)
+            self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.kernel.absorb(kmap, pid, e.new_addr, e.new_addr + e.new_len, e.seq, taken)
             self.ledger.mremap(pid, e.addr, e.len, e.new_addr, e.new_len,
-                               dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self._growth_origin(e, "anon"))
+                               dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self.origins.growth_origin(e, "anon"))
         elif e.type == EV_BRK:
-            self.ledger.brk(pid, e.addr, self._growth_origin(e, "heap"))
+            self.ledger.brk(pid, e.addr, self.origins.growth_origin(e, "heap"))
         elif e.type == EV_SHMAT:
             self._apply_shmat(e, kmap, taken)
         elif e.type == EV_SHMDT:
             self.shm_sizer.detached(pid, e.addr)
             self.ledger.shmdt(pid, e.addr)
         elif e.type == EV_MPROTECT:
-            self._absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             # committed by libc's malloc (growing an arena heap): the malloc heap; by libc otherwise (a thread
             # stack) or by anything else: anonymous memory of the caller
             kind = None if self.scanner.in_runtime(pid, e.ip) else "anon"
             # no stack window (rate-limited in the kernel): the growth continues the memory just below it
             cont = None if isinstance(e, WindowEvent) else self.ledger.origin_before(pid, e.addr)
-            self.ledger.mprotect(pid, e.addr, e.len, e.prot, cont or self._growth_origin(e, kind))
+            self.ledger.mprotect(pid, e.addr, e.len, e.prot, cont or self.origins.growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
             if _is_process(child):
@@ -340,25 +340,26 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
                     with self.ctx.targets.lock:
                         self.ctx.targets.pids.setdefault(child, pid)
         elif e.type == EV_EXEC:
-            self._drop_kernel(kmap, pid, e.seq, taken)
+            self.kernel.drop(kmap, pid, e.seq, taken)
             self.ledger.exec(pid)
             self.shm_sizer.forget(pid)
             self.symbols.forget(pid)
-            self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
-            self._hook_process_gone(pid)  # the new image may map no hook, or map it elsewhere
+            self.libraries.forget(pid)
+            self.hooks.process_gone(pid)  # the new image may map no hook, or map it elsewhere
+            self.origins.forget(pid)
             self._seed(pid)
         elif e.type == EV_EXIT:
             code = None if e.flags & EXIT_NO_CODE else int(e.result)
-            self._record_exit(pid, e.seq, kmap, code, bool(e.flags & EXIT_OOM) or self._oom_marked(pid, code))
-            self._drop_kernel(kmap, pid, e.seq, taken)
+            oom = bool(e.flags & EXIT_OOM) or self.kernel.oom_marked(pid, code)
+            if self.writer is not None:
+                self.writer.record_exit(pid, e.seq, kmap, code, oom)
+            self.kernel.drop(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
             self.shm_sizer.forget(pid)
             self._known.discard(pid)
-            self._hook_process_gone(pid)
-            try:
-                del self.prog[b"runtime"][ct.c_uint32(pid)]
-            except (KeyError, TypeError):
-                pass
+            self.hooks.process_gone(pid)
+            self.origins.forget(pid)
+            self.kernel.forget_runtime(pid)
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
 
@@ -369,18 +370,8 @@ class BpfProbe(SnapshotRows, GrowthOrigins, HookPaths):
         if size is None:
             return
         e.len = size = page_up(size)  # as the mapping (/proc/sysvipc/shm gives the segment's bytes)
-        self._absorb(kmap, e.tgid, e.addr, e.addr + size, e.seq, taken)
-        self.ledger.shmat(e.tgid, e.addr, size, self._origin_of(e, "shm"))
-
-    def _oom_marked(self, pid: int, code: int | None) -> bool:
-        """A SIGKILLed process the OOM killer marked just after its exit event was sent (the kernel sends the
-        SIGKILL before oom:mark_victim fires): looked up once more now. Host pids only (the map's keys)."""
-        if code != 9 or self.pidns_ino or self.prog is None:
-            return False
-        try:
-            return ct.c_uint32(pid) in self.prog[b"oom_victims"]
-        except Exception:  # noqa: BLE001 - a missing map (older program) means "not known"
-            return False
+        self.kernel.absorb(kmap, e.tgid, e.addr, e.addr + size, e.seq, taken)
+        self.ledger.shmat(e.tgid, e.addr, size, origin_of(e, "shm"))
 
     def _refresh_maps(self, pid: int, force: bool = False) -> None:
         last = self._maps_refreshed.get(pid, 0.0)

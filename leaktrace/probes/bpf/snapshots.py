@@ -1,5 +1,6 @@
-"""The rows the eBPF probe writes into the session: per-library totals per tick, the slow-path events,
-and at stop every outstanding region and one stack per call site.
+"""The rows the eBPF probe writes into the session (:class:`SnapshotRows`): per-library totals per tick, the
+slow-path events, and at stop every outstanding region and one stack per call site; each named by the
+library of its call site (:class:`LibraryNames`).
 
 Session tables written (``t`` = seconds since hunt start, as every table):
 
@@ -27,20 +28,17 @@ Session tables written (``t`` = seconds since hunt start, as every table):
 
 from __future__ import annotations
 
-import ctypes as ct
 import math
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from leaktrace import procfs
-from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
 from leaktrace.probes.bpf.layout import (
-    COUNTERS,
     EV_BRK,
     EV_FORK,
     EV_MMAP,
@@ -52,7 +50,7 @@ from leaktrace.probes.bpf.layout import (
     EVENT_NAMES,
     Event,
 )
-from leaktrace.probes.bpf.ledger import Symbolizer
+from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.stackscan import StackScanner
 
 
@@ -61,25 +59,56 @@ def _i64(x: int) -> int:
     return x - (1 << 64) if x >= (1 << 63) else x
 
 
-class SnapshotRows(KernelSide):
-    """The session rows of :class:`~leaktrace.probes.bpf.probe.BpfProbe` (its base class, over the kernel
-    half): the probe owns the state these methods use, declared here, and ``_refresh_maps``."""
+class LibraryNames:
+    """The library each call site names, per process image (``ledger``'s exec count), from ``symbols``;
+    ``refresh_maps(pid)`` re-reads a process's maps when a site lies outside the copy kept."""
 
-    ctx: HuntContext | None
-    symbols: Symbolizer
-    scanner: StackScanner
-    header_kind: str
-    _counters: dict[str, int]
-    _queue: list[Event]
-    _site_lib: dict[tuple[int, int, int, int], str]
-    _stacks: dict[tuple[int, int], int]
+    def __init__(self, ledger: OutstandingLedger, symbols: Symbolizer, refresh_maps: Callable[[int], None]) -> None:
+        self.ledger = ledger
+        self.symbols = symbols
+        self.refresh_maps = refresh_maps
+        self._site_lib: dict[tuple[int, int, int, int], str] = {}
+        self._stacks: dict[tuple[int, int], int] = {}  # (pid, site) -> stack_id
+
+    def of(self, pid: int, o: Origin) -> str:
+        if o.preexisting:
+            return os.path.basename(o.path) if o.path else "(pre-existing)"
+        key = (pid, self.ledger.execs.get(pid, 0), o.site, o.ip)
+        lib = self._site_lib.get(key)
+        if lib is None:
+            if not (self.symbols.knows(pid, o.site) or self.symbols.knows(pid, o.ip)):
+                self.refresh_maps(pid)
+            lib = self.symbols.library_of(pid, o.site, o.ip)
+            if lib != "?" or not procfs.pid_exists(pid):
+                self._site_lib[key] = lib
+            if o.stack_id >= 0:
+                self._stacks.setdefault((pid, o.site), o.stack_id)
+        return lib
+
+    def forget(self, pid: int) -> None:
+        """The process exec'd: its sites name the libraries of its new image."""
+        self._site_lib = {k: v for k, v in self._site_lib.items() if k[0] != pid}
+
+
+class SnapshotRows:
+    """Writes into ``ctx``'s session the rows of both halves (``kernel``'s regions and ``ledger``'s), named by
+    ``libraries``, their stacks resolved with ``symbols`` and ``scanner``'s chains; ``header_kind`` is the
+    kernel headers the program was built with."""
+
+    def __init__(self, ctx: HuntContext, kernel: KernelSide, ledger: OutstandingLedger, libraries: LibraryNames,
+                 symbols: Symbolizer, scanner: StackScanner, header_kind: str) -> None:
+        self.ctx = ctx
+        self.kernel = kernel
+        self.ledger = ledger
+        self.libraries = libraries
+        self.symbols = symbols
+        self.scanner = scanner
+        self.header_kind = header_kind
 
     def _t(self, seq_ns: int) -> float:
-        if self.ctx is None:
-            return seq_ns / 1e9
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
 
-    def _event_row(self, e: Event) -> dict[str, Any]:
+    def event_row(self, e: Event) -> dict[str, Any]:
         has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT)
         return {"t": self._t(e.seq), "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
                 "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
@@ -88,57 +117,32 @@ class SnapshotRows(KernelSide):
                 "result": e.result, "child": e.aux_pid if e.type == EV_FORK else 0}
 
     # ------------------------------------------------------------------ snapshots
-    def _library(self, pid: int, o: Origin) -> str:
-        if o.preexisting:
-            return os.path.basename(o.path) if o.path else "(pre-existing)"
-        key = (pid, self.ledger.execs.get(pid, 0), o.site, o.ip)
-        lib = self._site_lib.get(key)
-        if lib is None:
-            if not (self.symbols.knows(pid, o.site) or self.symbols.knows(pid, o.ip)):
-                self._refresh_maps(pid)
-            lib = self.symbols.library_of(pid, o.site, o.ip)
-            if lib != "?" or not procfs.pid_exists(pid):
-                self._site_lib[key] = lib
-            if o.stack_id >= 0:
-                self._stacks.setdefault((pid, o.site), o.stack_id)
-        return lib
-
-    def _read_counters(self) -> None:
-        table = self.prog[b"counters"]
-        for i, name in enumerate(COUNTERS):
-            self._counters[name] = int(sum(table[ct.c_int(i)]))
-
-    def _snapshot(self) -> None:
-        if self.prog is None or self.ctx is None:
-            return
-        self._read_counters()
+    def snapshot(self, counters: dict[str, int], ring_pending: int) -> None:
+        """Per-library totals now, and ``counters`` (read from the kernel just before) with the records
+        still queued (``ring_pending``)."""
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
-        for pid, start, end, o, _t, _k in self._outstanding():
+        for pid, start, end, o, _t, _k in self.kernel.outstanding():
             if not o.counted:
                 continue
-            g = groups[(pid, self._library(pid, o), o.kind)]
+            g = groups[(pid, self.libraries.of(pid, o), o.kind)]
             g[0] += end - start
             g[1] += 1
         rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
                 for (pid, lib, kind), (b, n) in sorted(groups.items())]
         self.ctx.session.append("ledger_snapshots", rows)
         total = sum(r["outstanding_bytes"] for r in rows)
-        self.ctx.session.append("bpf_counters", {"t": t, **self._counters, "ring_pending": len(self._queue),
-                                                 "kernel_regions": self._kernel_count,
+        self.ctx.session.append("bpf_counters", {"t": t, **counters, "ring_pending": ring_pending,
+                                                 "kernel_regions": self.kernel.kernel_count,
                                                  "header_kind": self.header_kind})
         by_library: dict[str, int] = defaultdict(int)
         by_pid: dict[int, int] = defaultdict(int)
         for r in rows:
             by_library[r["library"]] += r["outstanding_bytes"]
             by_pid[r["pid"]] += r["outstanding_bytes"]
-        self.ctx.live.bpf = {"outstanding_bytes": total, "events": self._counters["syscalls"],
-                                "lost_events": self._counters["lost_events"],
+        self.ctx.live.bpf = {"outstanding_bytes": total, "events": counters["syscalls"],
+                                "lost_events": counters["lost_events"],
                                 "outstanding_by_library": dict(by_library), "outstanding_by_pid": dict(by_pid)}
-
-    def ledger_totals(self) -> int:
-        live = self.ctx.live.bpf if self.ctx else {}
-        return int(live.get("outstanding_bytes", 0))
 
     def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:
         frames: list[str] = []
@@ -149,34 +153,28 @@ class SnapshotRows(KernelSide):
             return frames + [str(self.symbols.frame(pid, a)) for a in chain]
         if site:
             frames.append(str(self.symbols.frame(pid, site)))
-        if stack_id >= 0 and self.prog is not None:
-            try:
-                addrs = list(self.prog[b"stacks"].walk(stack_id))
-            except (KeyError, LeaktraceError, Exception):  # noqa: BLE001 - evicted stack id
-                addrs = []
+        if stack_id >= 0:
+            addrs = self.kernel.stack(stack_id)
             for a in addrs[1:]:  # [0] is the syscall instruction itself
                 if a == site:
                     continue
                 frames.append(str(self.symbols.frame(pid, a)))
         return frames
 
-    def _write_final(self) -> None:
-        if self.ctx is None:
-            return
-        self._write_regions(((pid, start, end, o, t_born) for pid, start, end, o, t_born, _k in self._outstanding()),
-                            at_exit=False)
+    def write_final(self) -> None:
+        self._write_regions(((pid, start, end, o, t_born)
+                             for pid, start, end, o, t_born, _k in self.kernel.outstanding()), at_exit=False)
 
     def _write_regions(self, items: Iterable[tuple[int, int, int, Origin, int]], at_exit: bool) -> None:
         """Outstanding regions (pid, start, end, origin, t_born) as ``ledger_regions`` rows, and one
         ``bpf_stacks`` row per call site among them."""
-        assert self.ctx is not None
         t0 = self.ctx.session.meta["t0_monotonic"]
         region_rows = []
         stack_origin: dict[tuple[int, int], Origin] = {}
         for pid, start, end, o, t_born in items:
             if o.kind == "reserve":
                 continue
-            lib = self._library(pid, o)
+            lib = self.libraries.of(pid, o)
             key = f"{pid}:{o.site:#x}" if not o.preexisting else ""
             if not o.preexisting:
                 stack_origin.setdefault((pid, o.site), o)
@@ -193,31 +191,25 @@ class SnapshotRows(KernelSide):
         for (pid, site), o in stack_origin.items():
             frames = self.stack_frames(pid, site, o.ip, o.stack_id)
             stack_rows.append({"stack_key": f"{pid}:{site:#x}", "pid": pid, "site": _i64(site), "stack_id": o.stack_id,
-                               "library": self._library(pid, o),
+                               "library": self.libraries.of(pid, o),
                                "symbol": str(self.symbols.frame(pid, site)) if site else "",
                                "frames": "\n".join(frames),
                                "method": "stack-scan" if (pid, site) in self.scanner.chains else "frame-pointer"})
         self.ctx.session.append("bpf_stacks", stack_rows)
 
-    def _record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions], code: int | None = None,
-                     oom: bool = False) -> None:
+    def record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions], code: int | None = None,
+                    oom: bool = False) -> None:
         """A target exits: what it held at that moment (both halves) becomes its last ledger snapshot, its
         regions and its call stacks, before the exit releases them — the leak of a worker the OOM killer
         just took stays in the report."""
-        if self.ctx is None:
-            return
-        items: list[tuple[int, int, int, Origin, int]] = []
-        kr = kmap.get(pid)
-        if kr is not None:
-            items += [(pid, start, end, self._korigins[oid], rseq)
-                      for start, end, rseq, oid in zip(kr.starts, kr.ends, kr.seqs, kr.oids, strict=True) if rseq < seq]
+        items = self.kernel.held_before(kmap, pid, seq)
         sp = self.ledger.spaces.get(pid)
         if sp is not None:
             items += [(pid, start, end, o, t_born) for start, end, o, t_born in sp.rows()]
         groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         for _pid, start, end, o, _t in items:
             if o.counted:
-                g = groups[(self._library(pid, o), o.kind)]
+                g = groups[(self.libraries.of(pid, o), o.kind)]
                 g[0] += end - start
                 g[1] += 1
         t = self._t(seq)
