@@ -32,6 +32,7 @@ from leaktrace.probes.bpf.addrspace import Origin  # noqa: E402
 from leaktrace.probes.bpf.layout import Region, RegionKey  # noqa: E402
 from leaktrace.probes.bpf.ledger import OutstandingLedger  # noqa: E402
 from leaktrace.probes.bpf.probe import BpfProbe  # noqa: E402
+from leaktrace.probes.bpf.snapshots import SnapshotRows  # noqa: E402
 
 PID = 4_000_000  # no such process: symbolization gives up at once and caches "?"
 SITES = [0x7F00_0000_1000 + 0x40 * k for k in range(5)]
@@ -96,7 +97,9 @@ def probe_case(regs: list[tuple[int, int, int, int]], in_kernel: bool, d: str) -
              for s, n, site, seq in regs] if in_kernel else []
     probe = BpfProbe()
     probe.ctx = ctx
-    probe.prog = _Prog(items)
+    probe.kernel.prog = _Prog(items)
+    probe.writer = SnapshotRows(ctx, probe.kernel, probe.ledger, probe.libraries, probe.symbols, probe.scanner,
+                                "bench")
     if not in_kernel:
         for s, n, site, seq in regs:
             probe.ledger.mmap(PID, s, n, Origin("anon", t_born=seq, site=site, ip=site - 5, stack_id=1, tid=PID))
@@ -127,8 +130,11 @@ def _kept_by(probe: BpfProbe) -> int:
             n += sum(size(getattr(o, k)) for k in type(o).__slots__ if hasattr(o, k))
         return n
 
-    names = [k for k in vars(probe) if k.startswith("_") and k not in ("_lib", "_thread", "_stop")]
-    return sum(size(getattr(probe, k)) for k in names)
+    # The probe's own private state and that of the objects it owns (the kernel side's region view, the
+    # library-name cache, the snapshot writer's): what a tick leaves behind.
+    owners = [probe, probe.kernel, probe.libraries, *([probe.writer] if probe.writer is not None else [])]
+    skip = ("_lib", "_thread", "_stop")
+    return sum(size(getattr(o, k)) for o in owners for k in vars(o) if k.startswith("_") and k not in skip)
 
 
 def run(n: int) -> dict[str, Any]:
