@@ -6,13 +6,12 @@ unknown name is a usage error before any work starts), always adds the JSON file
 tools and the acceptance checks read), adds what a format brings with it (html: the flame graph's data,
 outstanding.folded), and writes each chosen format with its reporter, in the registry's order.
 
-Reporters are named by ``module:attribute`` and imported when a document is written: parsing
-``--format`` loads none of them (nor matplotlib, jinja2, pandas).
+Each reporter is reached through a small function that imports its module when a document is written:
+parsing ``--format`` loads none of them (nor matplotlib, jinja2, pandas).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ class TextReporter:
 @dataclass(frozen=True)
 class Formats:
     document: str  # what the reporters render, for messages: "report", "compare"
-    reporters: Mapping[str, str]  # format name -> "module:attribute" of its Reporter, in writing order
+    reporters: Mapping[str, Callable[[], Reporter]]  # format name -> its Reporter, loaded; in writing order
     always: tuple[str, ...] = ()  # written whatever --format says
     brings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # a format -> those written with it
 
@@ -76,24 +75,53 @@ class Formats:
         return tuple(n for n in self.reporters if n in want)
 
     def reporter(self, name: str) -> Reporter:
-        module, attr = self.reporters[name].split(":")
-        return getattr(importlib.import_module(module), attr)
+        return self.reporters[name]()
 
     def write(self, doc: Mapping[str, Any], out_dir: Path, names: Iterable[str],
               figures: Figures | None = None) -> list[Path]:
         return [self.reporter(n).write(doc, Path(out_dir), figures) for n in self.selected(names)]
 
 
+def _json() -> Reporter:
+    from leaktrace.report import json_report
+
+    return json_report.REPORTER
+
+
+def _markdown() -> Reporter:
+    from leaktrace.report import markdown
+
+    return markdown.REPORTER
+
+
+def _html() -> Reporter:
+    from leaktrace.report import html
+
+    return html.REPORTER
+
+
+def _folded() -> Reporter:
+    from leaktrace.report import flame
+
+    return flame.REPORTER
+
+
+def _compare(attr: str) -> Callable[[], Reporter]:
+    def load() -> Reporter:
+        from leaktrace.report import compare
+
+        return getattr(compare, attr)
+
+    return load
+
+
 # A hunt's report: hunt, report, demo (and each node of a cluster hunt).
 REPORT_FORMATS = Formats(
-    "report",
-    {"json": "leaktrace.report.json_report:REPORTER", "md": "leaktrace.report.markdown:REPORTER",
-     "html": "leaktrace.report.html:REPORTER", "folded": "leaktrace.report.flame:REPORTER"},
+    "report", {"json": _json, "md": _markdown, "html": _html, "folded": _folded},
     always=("json",), brings={"html": ("folded",)})
 
 # Two hunts compared: compare.
 COMPARE_FORMATS = Formats(
     "compare",
-    {"json": "leaktrace.report.compare:JSON_REPORTER", "md": "leaktrace.report.compare:MARKDOWN_REPORTER",
-     "html": "leaktrace.report.compare:HTML_REPORTER"},
+    {"json": _compare("JSON_REPORTER"), "md": _compare("MARKDOWN_REPORTER"), "html": _compare("HTML_REPORTER")},
     always=("json",))
