@@ -3,7 +3,7 @@
 returned, not when the tick began: on a saturated machine one tick's reads spread over seconds (~4 s a tick
 beside a busy vLLM pair on 2 cores, bench_vllm_serving).
 
-Tables written (see leaktrace.session.SCHEMAS): ``processes``, ``rollup``, ``class_usage``,
+Tables written (declared in leaktrace.session.tables): ``processes``, ``rollup``, ``class_usage``,
 ``region_events`` (born, grown, shrunk, gone, moved), ``regions`` (first and last snapshot).
 """
 

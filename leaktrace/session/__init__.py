@@ -16,6 +16,9 @@ file plus leftovers of the parts; the reader skips parts covered by a readable r
 is read twice or lost. The flush thread compacts every ``COMPACT_FANOUT`` parts (then every
 ``COMPACT_FANOUT`` range files of one level, up to ``COMPACT_MAX_BYTES``); ``close()`` merges each
 table into one file.
+
+Every table a hunt writes is declared, with its columns, types and version, in
+:mod:`leaktrace.session.tables`: the writer and the reader hold each table to it.
 """
 
 from __future__ import annotations
@@ -39,38 +42,10 @@ from leaktrace import __version__, outdir, parts
 from leaktrace.atomic import atomic_write_text
 from leaktrace.errors import OutputNotWritable, SessionError
 from leaktrace.parts import TABLES, compact_table, part_files
+from leaktrace.session.tables import SCHEMAS, TableSchemaError, check_rows, conform, to_arrow
 
 SESSION_SCHEMA = "leaktrace.session/1"
 META = "meta.json"
-
-# Known tables and their column types. Probes may add tables of their own (types then inferred), but
-# a table listed here always reads back with these columns, even when empty.
-#  t: seconds since hunt start (time.monotonic() - meta["t0_monotonic"]).
-_I = pa.int64()
-_U = pa.uint64()
-_F = pa.float64()
-_S = pa.string()
-_B = pa.bool_()
-SCHEMAS: dict[str, pa.Schema] = {
-    # One row when a process is first seen and one when it is seen gone (exit_code: its wait status when it
-    # was still an unreaped zombie then, else -1; null on "seen" rows).
-    "processes": pa.schema([("t", _F), ("pid", _I), ("ppid", _I), ("event", _S), ("comm", _S),
-                            ("label", _S), ("cmdline", _S), ("exe", _S), ("root", _I), ("exit_code", _I)]),
-    # /proc/PID/smaps_rollup every tick (bytes).
-    "rollup": pa.schema([("t", _F), ("pid", _I), ("rss", _I), ("pss", _I), ("uss", _I), ("anon", _I),
-                         ("swap", _I), ("shared", _I)]),
-    # Full smaps every N ticks, summed by memory class (bytes).
-    "class_usage": pa.schema([("t", _F), ("pid", _I), ("cls", _S), ("size", _I), ("rss", _I),
-                              ("anon", _I), ("count", _I)]),
-    # Region diffs between two full smaps: born, grown, shrunk, gone, moved.
-    "region_events": pa.schema([("t", _F), ("pid", _I), ("event", _S), ("start", _U), ("end", _U),
-                                ("size", _I), ("rss", _I), ("old_start", _U), ("old_size", _I),
-                                ("old_rss", _I), ("perms", _S), ("path", _S), ("cls", _S)]),
-    # The first and the last full smaps of each process (snapshot = "first" | "last").
-    "regions": pa.schema([("t", _F), ("pid", _I), ("snapshot", _S), ("start", _U), ("end", _U),
-                          ("size", _I), ("rss", _I), ("anon", _I), ("perms", _S), ("offset", _U),
-                          ("path", _S), ("cls", _S)]),
-}
 
 
 def host_facts() -> dict[str, Any]:
@@ -155,6 +130,7 @@ class SessionWriter:
             rows = [rows]
         if not rows:
             return
+        check_rows(table, rows)  # here, in the probe's thread: the flush thread must not fail on them
         with self._lock:
             self._buffers.setdefault(table, []).extend(rows)
 
@@ -176,11 +152,11 @@ class SessionWriter:
         d = self.path / TABLES / table
         d.mkdir(exist_ok=True)
         try:
-            tbl = _to_table(table, rows)
+            tbl = to_arrow(table, rows)
         except UnicodeEncodeError:
             # A name read from /proc with surrogateescape (a file or process name that is not UTF-8):
             # Arrow strings are UTF-8, so its undecodable bytes are written as \xNN escapes.
-            tbl = _to_table(table, [{k: _utf8(v) for k, v in r.items()} for r in rows])
+            tbl = to_arrow(table, [{k: _utf8(v) for k, v in r.items()} for r in rows])
         seq = self._seq.get(table, 0)
         self._seq[table] = seq + 1
         final = d / f"part-{seq:06d}.parquet"
@@ -220,16 +196,6 @@ class SessionWriter:
             self.write_error = e
 
 
-def _to_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
-    schema = SCHEMAS.get(table)
-    if schema is not None:
-        return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
-    # Every key of every row: pyarrow takes the columns from the first row alone, and rows of one part may
-    # differ (the pyheap probe's walk rows carry columns its per-tick rows do not).
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in rows])
-
-
 def _utf8(v: Any) -> Any:
     if isinstance(v, str):
         return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -260,15 +226,6 @@ _META_TYPES: dict[str, tuple[type, ...]] = {
     **{k: (list, type(None)) for k in ("warnings", "probes")},
     "stop_reason": (str, type(None)), "complete": (bool,),
 }
-
-
-def _conform(tbl: pa.Table, schema: pa.Schema) -> pa.Table:
-    """A part of a known table with exactly the known columns and types (absent columns null).
-    Raises on a part whose values cannot be those types (hand-edited): the caller skips it."""
-    cols = [tbl.column(f.name).cast(f.type) if f.name in tbl.column_names else pa.nulls(len(tbl), f.type)
-            for f in schema]
-    extra = [n for n in tbl.column_names if n not in schema.names]  # newer writers may add columns
-    return pa.Table.from_arrays(cols + [tbl.column(n) for n in extra], names=schema.names + extra)
 
 
 class TableSource(Protocol):
@@ -332,7 +289,9 @@ class SessionReader:
                 continue  # merged into a range file already read (a compaction was interrupted)
             try:
                 tbl = pq.read_table(p)
-                frames.append(_conform(tbl, SCHEMAS[name]) if name in SCHEMAS else tbl)
+                frames.append(conform(name, tbl, str(p.relative_to(self.path))) if name in SCHEMAS else tbl)
+            except TableSchemaError:
+                raise  # columns that disagree with the declaration: the session is not what the analysis reads
             except FileNotFoundError:
                 if not final:
                     raise
