@@ -46,10 +46,9 @@ def _held(ledger_regions: pd.DataFrame) -> pd.DataFrame:
     if ledger_regions.empty:
         return ledger_regions
     lr = ledger_regions[~ledger_regions["preexisting"].astype(bool)]
-    if "at_exit" in lr.columns:
-        exited = set(lr.loc[lr["at_exit"].astype(bool), "pid"])
-        lr = lr[lr["at_exit"].astype(bool) | ~lr["pid"].isin(exited)]
-    return lr
+    at_exit = lr["at_exit"].astype(bool)  # null (a session that predates the column): at stop
+    exited = set(lr.loc[at_exit, "pid"])
+    return lr[at_exit | ~lr["pid"].isin(exited)]
 
 
 def join_by_address(regions: pd.DataFrame, ledger_regions: pd.DataFrame) -> pd.DataFrame:

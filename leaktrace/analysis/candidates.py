@@ -176,17 +176,15 @@ UCX_SETTINGS = (("UCX_MEM_MMAP_HOOK_MODE", "hook_mode"), ("UCX_RCACHE_MAX_UNRELE
 
 
 def _value(r: pd.Series, col: str) -> Any:
-    v = r.get(col) if col in r.index else None
+    v = r[col]
     return None if v is None or (not isinstance(v, (list, dict)) and pd.isna(v)) else v
 
 
 def ucx_settings(reader: TableSource, pid: int) -> dict[str, Any] | None:
     """The effective UCX state of a process at the end of the hunt (its last ``ucx_state`` row): each
     setting's value and where it came from, whether the memory hooks are on, the UCX version."""
-    if "ucx_state" not in reader.tables():
-        return None
     st = reader.table("ucx_state")
-    if st.empty or "pid" not in st.columns:
+    if st.empty:
         return None
     rows = st[st["pid"] == pid]
     if rows.empty:
@@ -290,24 +288,15 @@ def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int,
     return out
 
 
-_PYHEAP_COUNT_COLUMNS = ("gc_objects", "tracked_objects", "gc_tracked", "objects", "gc_count_total")
-
-
 def pyheap_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
     """Per pid: the Python heap probe's last state and the rate of its object count, when that ran."""
-    if "pyheap" not in reader.tables():
-        return {}
     ph = reader.table("pyheap")
-    if ph.empty or "pid" not in ph.columns or "t" not in ph.columns:
+    if ph.empty:
         return {}
     ph = ph.copy()
-    if "tracked" in ph.columns:
-        # objects the collector tracks, plus those gc.freeze() moved out of its sight (vLLM freezes
-        # its start-up heap; objects frozen later still grow memory)
-        ph["_objects"] = ph["tracked"].clip(lower=0).fillna(0)
-        if "frozen" in ph.columns:
-            ph["_objects"] += ph["frozen"].clip(lower=0).fillna(0)
-    col = next((c for c in ("_objects", *_PYHEAP_COUNT_COLUMNS) if c in ph.columns), None)
+    # objects the collector tracks, plus those gc.freeze() moved out of its sight (vLLM freezes
+    # its start-up heap; objects frozen later still grow memory)
+    ph["_objects"] = ph["tracked"].clip(lower=0).fillna(0) + ph["frozen"].clip(lower=0).fillna(0)
     from leaktrace.analysis.growth import rate
 
     out: dict[int, dict[str, Any]] = {}
@@ -316,20 +305,18 @@ def pyheap_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
         last = {k: (v.item() if hasattr(v, "item") else v) for k, v in g.iloc[-1].items()
                 if k not in ("pid", "_objects") and v is not None and not (isinstance(v, float) and pd.isna(v))}
         state: dict[str, Any] = {"last": last}
-        name = "tracked+frozen" if col == "_objects" else col
-        gc_ = g.dropna(subset=[col]) if col is not None else g.iloc[0:0]
-        if col == "_objects" and "tracked" in g.columns:
-            gc_ = g[g["tracked"].notna()]  # the probe walks the GC lists only now and then
+        gc_ = g[g["tracked"].notna()]  # the probe walks the GC lists only now and then
         if len(gc_) == 2:
             # two walks (typically first and last): a plain difference, stated as such
-            (t0, n0), (t1, n1) = zip(gc_["t"], gc_[col], strict=True)
+            (t0, n0), (t1, n1) = zip(gc_["t"], gc_["_objects"], strict=True)
             per_min = (n1 - n0) / max(t1 - t0, 1e-9) * 60.0
             grows = n1 - n0 >= 1000 and n1 >= 1.1 * n0
-            state.update({"count_column": name, "objects_per_min": round(float(per_min), 1),
+            state.update({"count_column": "tracked+frozen", "objects_per_min": round(float(per_min), 1),
                           "confidence": 1.0 if grows else 0.0, "step": False, "walks": 2})
         elif len(gc_) >= 3:
-            r = rate(gc_["t"].to_numpy(dtype=float), gc_[col].to_numpy(dtype=float))
-            state.update({"count_column": name, "walks": len(gc_), "objects_per_min": round(r.per_s * 60.0, 1),
+            r = rate(gc_["t"].to_numpy(dtype=float), gc_["_objects"].to_numpy(dtype=float))
+            state.update({"count_column": "tracked+frozen", "walks": len(gc_),
+                          "objects_per_min": round(r.per_s * 60.0, 1),
                           "confidence": round(r.confidence, 3), "step": r.step})
         out[int(pid)] = state
     return out

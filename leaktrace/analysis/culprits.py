@@ -202,13 +202,9 @@ def _gdb_stacks_through(reader: TableSource, pid: int, site: str, then: str | No
     """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site and,
     when ``then`` is given, its caller there after it."""
     df = gdb_samples(reader)
-    if df.empty or "stack" not in df.columns:
+    if df.empty:
         return []
-    df = df[df["pid"] == pid]
-    if "error" in df.columns:
-        df = df[df["error"] == 0]
-    if "syscall" in df.columns:
-        df = df[df["syscall"].isin(("mmap", "mremap"))]
+    df = df[(df["pid"] == pid) & (df["error"] == 0) & df["syscall"].isin(("mmap", "mremap"))]
     out = []
     for st in df["stack"]:
         frames = [str(f) for f in st] if st is not None else []

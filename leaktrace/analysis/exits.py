@@ -25,10 +25,10 @@ def _code(v: Any) -> int | None:
 def _last_alive(reader: TableSource, pid: int) -> float | None:
     """When the watcher last saw ``pid`` alive (its last /proc sample, else its first sighting)."""
     rollup = reader.table("rollup")
-    if not rollup.empty and "pid" in rollup and (rollup["pid"] == pid).any():
+    if not rollup.empty and (rollup["pid"] == pid).any():
         return float(rollup.loc[rollup["pid"] == pid, "t"].max())
     procs = reader.table("processes")
-    if not procs.empty and "event" in procs:
+    if not procs.empty:
         seen = procs[(procs["pid"] == pid) & (procs["event"] == "seen")]
         if not seen.empty:
             return float(seen["t"].min())
@@ -43,12 +43,10 @@ def process_exits(reader: TableSource) -> dict[int, dict[str, Any]]:
     lx = reader.table("ledger_exits")
     if not lx.empty:
         for r in lx.itertuples():
-            code = _code(getattr(r, "exit_code", None))
-            oom = bool(getattr(r, "oom", False)) if not pd.isna(getattr(r, "oom", False)) else False
-            ex = describe_exit(code, oom=oom, source="ebpf")
+            ex = describe_exit(_code(r.exit_code), oom=bool(r.oom) and not pd.isna(r.oom), source="ebpf")
             out[int(r.pid)] = {**ex, "t": round(float(r.t), 3)}
     procs = reader.table("processes")
-    if not procs.empty and "exit_code" in procs:
+    if not procs.empty:
         for r in procs[procs["event"] == "exit"].itertuples():
             code = _code(r.exit_code)
             if int(r.pid) not in out and code is not None:

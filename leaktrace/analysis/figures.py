@@ -34,13 +34,10 @@ def build_figures(reader: TableSource) -> Figures:
 
 def ledger_by_library(reader: TableSource, top: int = 8) -> pd.DataFrame | None:
     """Outstanding bytes per library per tick from ``ledger_snapshots`` (summed over processes)."""
-    if "ledger_snapshots" not in reader.tables():
-        return None
     snaps = reader.table("ledger_snapshots")
-    if snaps.empty or not {"t", "library", "outstanding_bytes"} <= set(snaps.columns):
+    if snaps.empty:
         return None
-    if "kind" in snaps.columns:
-        snaps = snaps[snaps["kind"] != "preexisting"]
+    snaps = snaps[snaps["kind"] != "preexisting"]
     df = snaps.groupby(["t", "library"], as_index=False)["outstanding_bytes"].sum()
     last = df[df["t"] == df["t"].max()].nlargest(top, "outstanding_bytes")["library"]
     return df[df["library"].isin(set(last))].rename(columns={"outstanding_bytes": "bytes"})
@@ -49,20 +46,16 @@ def ledger_by_library(reader: TableSource, top: int = 8) -> pd.DataFrame | None:
 def ledger_stacks(reader: TableSource) -> Stacks:
     """Outstanding regions the bpf probe wrote at stop (``ledger_regions``, not pre-existing ones) by
     call stack (``bpf_stacks``). Absent when the hunt was killed before the probe stopped."""
-    if reader is None or "ledger_regions" not in reader.tables():
+    if reader is None:
         return []
     regs = reader.table("ledger_regions")
-    if regs.empty or not {"pid", "size", "stack_key"} <= set(regs.columns):
+    if regs.empty:
         return []
-    if "preexisting" in regs.columns:
-        regs = regs[~regs["preexisting"].astype(bool)]
+    regs = regs[~regs["preexisting"].astype(bool)]
     frames = stack_frames(reader)
     out: Stacks = []
-    by = regs.groupby(["pid", "stack_key", "library"] if "library" in regs.columns else ["pid", "stack_key"],
-                      dropna=False)["size"].sum()
-    for key, size in by.items():
-        pid, skey = key[0], key[1]
-        lib = key[2] if len(key) > 2 else None
+    by = regs.groupby(["pid", "stack_key", "library"], dropna=False)["size"].sum()
+    for (pid, skey, lib), size in by.items():
         stack = frames.get(str(skey)) or ([f"{lib} (no stack)"] if lib else [str(skey)])
         out.append(([f"pid {pid}"] + [clean_frame(f) for f in reversed(stack)], int(size)))
     return out

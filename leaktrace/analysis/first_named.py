@@ -22,14 +22,14 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
                                 work: tuple[np.ndarray, np.ndarray] | None = None) -> float | None:
     """The ledger's per-tick outstanding bytes of (pid, library): the earliest tick at which the rate
     over the snapshots so far passes the ledger thresholds (the naming rule of ledger_candidates).
-    None when the table lacks what is needed (the caller then re-runs the analysis on prefixes)."""
+    None when the ledger has no snapshot of it (the caller then re-runs the analysis on prefixes)."""
     from leaktrace.analysis.growth import rate
 
-    if snaps.empty or not {"t", "pid", "library", "outstanding_bytes"} <= set(snaps.columns):
+    if snaps.empty:
         return None
     mine = snaps[(snaps["pid"] == c["pid"]) & (snaps["library"] == c["library"])]
     kind = _SNAPSHOT_KIND.get(c.get("measured_kind") or c["kind"])
-    if kind is not None and "kind" in mine.columns and (mine["kind"] == kind).any():
+    if kind is not None and (mine["kind"] == kind).any():
         mine = mine[mine["kind"] == kind]
     if mine.empty:
         return None
@@ -124,7 +124,7 @@ def first_named(reader: TableSource, culprits: list[dict[str, Any]], th: dict[st
                 keys |= {("leaking", pid)}
         return keys
 
-    snaps = reader.table("ledger_snapshots") if "ledger_snapshots" in reader.tables() else pd.DataFrame()
+    snaps = reader.table("ledger_snapshots")
     work = requests_by_pid(reader)
     for c in culprits[:max_culprits]:
         if c.get("first_named_s") is not None:

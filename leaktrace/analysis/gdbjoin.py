@@ -42,21 +42,21 @@ def gdb_samples(reader: TableSource) -> pd.DataFrame:
         return df
     df = df.copy()
     df["frames"] = df["frames"].map(_json_list)
-    df["stack"] = df["stack"].map(_json_list) if "stack" in df else [[] for _ in range(len(df))]
+    df["stack"] = df["stack"].map(_json_list)
     return df
 
 
 def candidate_regions(reader: TableSource) -> pd.DataFrame:
     """Regions to attach stacks to: the ledger's when present, else the watcher's last smaps."""
     ledger = reader.table("ledger_regions")
-    if not ledger.empty and {"pid", "start", "end"} <= set(ledger.columns):
+    if not ledger.empty:
         out = ledger.copy()
         out["source"] = "ledger"
         return out
     regions = reader.table("regions")
     if regions.empty:
         return pd.DataFrame(columns=["pid", "start", "end", "source"])
-    last = regions[regions["snapshot"] == "last"] if "snapshot" in regions else regions
+    last = regions[regions["snapshot"] == "last"]
     out = last.copy()
     out["source"] = "smaps"
     return out

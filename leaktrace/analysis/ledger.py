@@ -59,7 +59,7 @@ def ledger_summary(reader: TableSource) -> dict[str, Any]:
         # Targets that exited during the hunt (normally, by a signal, OOM-killed): what each held then.
         out["exits"] = [{"pid": int(r.pid), "t": round(float(r.t), 3), "outstanding_bytes": int(r.outstanding_bytes),
                          "regions": int(r.regions)} for r in exits.sort_values("t").itertuples()]
-    if not regions.empty and "preexisting" in regions:
+    if not regions.empty:
         pre = regions[regions["preexisting"].astype(bool)]
         out["preexisting_bytes"] = int(pre["size"].sum())
     return out
@@ -96,8 +96,8 @@ def _birth_series(regions: pd.DataFrame, pid: int, library: str | None, kind: st
     not in it). (grid, bytes, regions), or None when it held nothing of (library, kind) or lived < 1 s.
     library None: every library (the malloc heap is judged whole). ``at_exit`` False: what a live process
     held at the hunt's stop instead (``t_exit`` then ends the grid; later births are left out)."""
-    if regions.empty or "at_exit" not in regions or t_exit - t_start < 1.0:
-        return None
+    if regions.empty or regions["at_exit"].isna().all() or t_exit - t_start < 1.0:
+        return None  # at_exit all null: a session that predates it (what was held when is not known)
     sel = (regions["pid"] == pid) & (regions["kind"] == kind)
     if library is not None:
         sel &= regions["library"] == library
@@ -118,8 +118,8 @@ def _birth_series(regions: pd.DataFrame, pid: int, library: str | None, kind: st
 
 def stack_frames(reader: TableSource) -> dict[str, list[str]]:
     """The ``bpf_stacks`` table as stack_key → frames (one frame per line in the session)."""
-    stacks = reader.table("bpf_stacks") if "bpf_stacks" in reader.tables() else pd.DataFrame()
-    if stacks.empty or not {"stack_key", "frames"} <= set(stacks.columns):
+    stacks = reader.table("bpf_stacks")
+    if stacks.empty:
         return {}
     return {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
 
@@ -167,10 +167,8 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                                       counters["t"].to_numpy(dtype=float) if not counters.empty else []]))
     regions = reader.table("ledger_regions")
     frames = stack_frames(reader)
-    stacks = reader.table("bpf_stacks") if "bpf_stacks" in reader.tables() else pd.DataFrame()
-    scanned: set[str] = set()
-    if not stacks.empty and "method" in stacks:
-        scanned = set(stacks.loc[stacks["method"] == "stack-scan", "stack_key"].astype(str))
+    stacks = reader.table("bpf_stacks")
+    scanned = set(stacks.loc[stacks["method"] == "stack-scan", "stack_key"].astype(str)) if not stacks.empty else set()
     lost = int(counters.sort_values("t").iloc[-1].get("lost_events", 0)) if not counters.empty else 0
     work = requests_by_pid(reader)  # a leak per request slows with the traffic: no plateau (growth.rate)
     out: list[dict[str, Any]] = []

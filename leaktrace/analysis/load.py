@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.growth import MB
+from leaktrace.errors import SessionError
 from leaktrace.session import TableSource
 from leaktrace.slope import theil_sen
 
@@ -35,6 +36,8 @@ COUNTERS = ("requests", "prompt_tokens", "generation_tokens", "nixl_transfers", 
 def _table(reader: TableSource, name: str) -> pd.DataFrame:
     try:
         df = reader.table(name)
+    except SessionError:
+        raise  # columns that disagree with their declaration (session.tables): never "no data"
     except Exception:  # noqa: BLE001 - a missing or unreadable table is "no data", never a crash
         return pd.DataFrame()
     return df if df is not None else pd.DataFrame()
@@ -51,7 +54,7 @@ def memory_series(reader: TableSource, pids: list[int] | None = None, column: st
     """Sum of ``column`` (bytes) over ``pids`` per tick: DataFrame[t, bytes]. Ticks where a process of the
     set has no sample are dropped, so a late-born process does not look like growth."""
     roll = _table(reader, "rollup")
-    if roll.empty or column not in roll:
+    if roll.empty:
         return pd.DataFrame(columns=["t", "bytes"])
     if pids is not None:
         roll = roll[roll["pid"].isin(pids)]
@@ -131,10 +134,9 @@ def _follows(series: pd.DataFrame, scrapes: pd.DataFrame, growth_mb: float, requ
 
 def _metrics_by_url(reader: TableSource) -> dict[str, pd.DataFrame]:
     ms = _table(reader, "metrics_summary")
-    if ms.empty or "url" not in ms:
+    if ms.empty:
         return {}
-    if "ok" in ms:
-        ms = ms[ms["ok"].fillna(False).astype(bool)]
+    ms = ms[ms["ok"].fillna(False).astype(bool)]
     return {url: g.sort_values("t") for url, g in ms.groupby("url")}
 
 
@@ -164,7 +166,7 @@ def instances(reader: TableSource) -> list[dict[str, Any]]:
     vp = _table(reader, "vllm_processes")
     for inst in _instances_meta(reader):
         pids = list(inst.get("pids") or [])
-        if not vp.empty and "instance" in vp:
+        if not vp.empty:
             pids = sorted(set(pids) | set(vp.loc[vp["instance"] == inst["instance"], "pid"].astype(int)))
         growth_mb, per_min = _growth(memory_series(reader, pids))
         kv = inst.get("kv_transfer_config")
@@ -189,7 +191,7 @@ def requests_by_pid(reader: TableSource) -> dict[int, tuple[np.ndarray, np.ndarr
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for url, g in by_url.items():
         inst = urls.get(url)
-        if inst is None or inst not in pids or "requests" not in g or len(g) < 2:
+        if inst is None or inst not in pids or len(g) < 2:
             continue
         series = (g["t"].to_numpy(dtype=float), _cumulative(g["requests"]))
         out.update(dict.fromkeys(pids[inst], series))
@@ -207,9 +209,9 @@ def load(reader: TableSource) -> dict[str, Any] | None:
     totals = dict.fromkeys(COUNTERS, 0.0)
     for url, g in by_url.items():
         inst = urls.get(url)
-        if inst is None and "instance" in g and g["instance"].notna().any():
+        if inst is None and g["instance"].notna().any():
             inst = int(g["instance"].dropna().iloc[0])
-        deltas = {c: _counter_delta(g[c]) if c in g else 0.0 for c in COUNTERS}
+        deltas = {c: _counter_delta(g[c]) for c in COUNTERS}
         for c in COUNTERS:
             totals[c] += deltas[c]
         entry: dict[str, Any] = {"url": url, "instance": inst, "scrapes": int(len(g)),
@@ -289,7 +291,7 @@ def leak_per_load(load_block: dict[str, Any], culprits: list[dict[str, Any]]) ->
 def _merged_requests(by_url: dict[str, pd.DataFrame]) -> pd.DataFrame:
     frames = []
     for url, g in by_url.items():
-        if "requests" not in g or len(g) < 2:
+        if len(g) < 2:
             continue
         frames.append(pd.DataFrame({"t": g["t"].to_numpy(), "url": url, "cum": _cumulative(g["requests"])}))
     if not frames:
@@ -315,7 +317,7 @@ def _per_1k(growth_mb: float, requests: float) -> float | None:
 def python_heap(reader: TableSource) -> dict[int, dict[str, Any]]:
     """First and last Python GC state per pid (``processes[].python``), from the pyheap table."""
     ph = _table(reader, "pyheap")
-    if ph.empty or "pid" not in ph:
+    if ph.empty:
         return {}
     out: dict[int, dict[str, Any]] = {}
     for pid, g in ph.sort_values("t").groupby("pid"):
@@ -326,7 +328,7 @@ def python_heap(reader: TableSource) -> dict[int, dict[str, Any]]:
             return None if v is None or (isinstance(v, float) and np.isnan(v)) else (
                 v.item() if hasattr(v, "item") else v)
 
-        walked = g[g["tracked"].notna()] if "tracked" in g else g.iloc[0:0]
+        walked = g[g["tracked"].notna()]
         out[int(pid)] = {
             "version": val(last, "version"), "gc_enabled": val(last, "gc_enabled"),
             "frozen": val(last, "frozen"), "frozen_first": val(first, "frozen"),

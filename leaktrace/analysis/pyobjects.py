@@ -16,7 +16,6 @@ import re
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from leaktrace.analysis.growth import MB, rate
 from leaktrace.session import TableSource
@@ -34,32 +33,21 @@ _LIBC_LIB = re.compile(r"(^|/)(libc|libpthread|ld-linux)[.-]")
 _LIB_IN_FRAME = re.compile(r"([A-Za-z0-9_.+-]+\.so(?:[.-][A-Za-z0-9_.-]*)?)")
 
 
-def _walks(reader: TableSource) -> pd.DataFrame:
-    if "pyheap_types" not in reader.tables():
-        return pd.DataFrame()
-    ty = reader.table("pyheap_types")
-    if ty.empty or not {"t", "pid", "type", "count"} <= set(ty.columns):
-        return pd.DataFrame()
-    return ty
-
-
 def type_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
     """Per pid with at least two complete walks: ``{"window_s": [t0, t1], "walks": n, "objects_delta",
     "objects_per_min", "confidence", "types": [{"type", "count_first", "count_last", "count_delta",
     "per_min", "frozen_delta"}...], "frozen": {...}}``. A type absent from a walk had fewer objects than
     the probe keeps (counted 0)."""
-    ty = _walks(reader)
+    ty = reader.table("pyheap_types")
     out: dict[int, dict[str, Any]] = {}
     if ty.empty:
         return out
-    has_frozen = "frozen" in ty.columns
     for pid, g in ty.groupby("pid"):
         times = np.sort(g["t"].unique())
         if len(times) < 2:
             continue
         counts = g.pivot_table(index="t", columns="type", values="count", aggfunc="sum").reindex(times).fillna(0)
-        frozen = (g.pivot_table(index="t", columns="type", values="frozen", aggfunc="sum").reindex(times).fillna(0)
-                  if has_frozen else counts * 0)
+        frozen = g.pivot_table(index="t", columns="type", values="frozen", aggfunc="sum").reindex(times).fillna(0)
         total = counts.sum(axis=1).to_numpy(dtype=float)
         span = float(times[-1] - times[0])
         if len(times) >= 3:
@@ -84,14 +72,13 @@ def type_growth(reader: TableSource) -> dict[int, dict[str, Any]]:
             "objects_delta": int(total[-1] - total[0]), "objects_per_min": round(float(per_min), 1),
             "confidence": round(float(conf), 3), "types": types,
         }
-        if has_frozen:
-            # the frozen objects of each walk, counted in the same walk as the types (all types summed)
-            first, last = int(frozen.iloc[0].sum()), int(frozen.iloc[-1].sum())
-            fz: dict[str, Any] = {"count_first": first, "count_last": last, "count_delta": last - first}
-            grown = max(state["objects_delta"], 1)
-            fz["growing"] = fz["count_delta"] > 0 and fz["count_delta"] >= 0.5 * grown
-            fz["share_of_growth"] = round(max(fz["count_delta"], 0) / grown, 3) if state["objects_delta"] > 0 else 0.0
-            state["frozen"] = fz
+        # the frozen objects of each walk, counted in the same walk as the types (all types summed)
+        first, last = int(frozen.iloc[0].sum()), int(frozen.iloc[-1].sum())
+        fz: dict[str, Any] = {"count_first": first, "count_last": last, "count_delta": last - first}
+        grown = max(state["objects_delta"], 1)
+        fz["growing"] = fz["count_delta"] > 0 and fz["count_delta"] >= 0.5 * grown
+        fz["share_of_growth"] = round(max(fz["count_delta"], 0) / grown, 3) if state["objects_delta"] > 0 else 0.0
+        state["frozen"] = fz
         out[int(pid)] = state
     return out
 
