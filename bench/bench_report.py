@@ -27,14 +27,21 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from leaktrace.session import SCHEMAS, SessionWriter  # noqa: E402
+from leaktrace.session import SessionWriter  # noqa: E402
+from leaktrace.session.tables import TABLES  # noqa: E402
 
 MB = 1 << 20
 LIBS = ["libucs-b39b3ed9.so.0.0.0", "libucm-1a2b3c4d.so.0.0.0", "libc.so.6", "libpython3.11.so.1.0", "libtorch_cpu.so"]
 
 
 def _write(d: Path, table: str, cols: dict[str, np.ndarray | list]) -> int:
-    t = pa.table(cols, schema=SCHEMAS.get(table)) if table in SCHEMAS else pa.table(cols)
+    decl = TABLES.get(table)
+    if decl is None:
+        t = pa.table(cols)
+    else:  # every declared column, those the bench does not vary at their default
+        n = len(next(iter(cols.values())))
+        t = pa.table({c.name: cols[c.name] if c.name in cols else [c.default] * n for c in decl.columns},
+                     schema=decl.schema)
     (d / "tables" / table).mkdir(parents=True, exist_ok=True)
     pq.write_table(t, d / "tables" / table / "part-000000.parquet")
     return t.num_rows
