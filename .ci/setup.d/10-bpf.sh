@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# eBPF probe (issue 3): BCC comes from .ci/setup.sh (bpfcc-tools, python3-bpfcc). Here: bpftrace, the
+# eBPF probe: BCC comes from .ci/setup.sh (bpfcc-tools, python3-bpfcc). Here: bpftrace, the
 # benchmark's anchor (bench/bench_bpf.py). No kernel headers needed: leaktrace falls back to the stub
 # tree in bpf/kheaders when /lib/modules/$(uname -r)/build is absent. Idempotent.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reports (issue 6): Debian's chromium for the test that renders report.html headless and checks its
+# Reports: Debian's chromium for the test that renders report.html headless and checks its
 # plots. Idempotent: installs nothing when chromium is already there.
 set -euo pipefail
 REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}

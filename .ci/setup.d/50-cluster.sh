@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Cluster hunt (issue 7): Ray into the repo's .venv, pinned to the version the cluster tests were measured
-# with. unshare/nsenter (util-linux) and ip (iproute2) come with the base image / .ci/setup.sh.
+# Cluster hunt: Ray into the repo's .venv, pinned to the version the cluster tests are written against;
+# unshare/nsenter (util-linux) and ip (iproute2) come with the base image / .ci/setup.sh.
 # Idempotent: nothing is installed when the pinned Ray is already there.
 set -euo pipefail
 REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}

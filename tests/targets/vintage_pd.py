@@ -13,15 +13,8 @@ The workers munmap like production ones through two real deployment knobs: MALLO
 (every tensor above 4 KiB is its own mapping) and chunked prefill of 32 tokens a step on the prefill server
 (``--max-num-batched-tokens 32``: a 120-word prompt, ~390 tokens, is ~12 steps, each with its per-layer tensors).
 
-Measured here (2 cores, quiet machine), 2 concurrent 120-word completions (8 tokens) through the proxy,
-bpftrace over 60 s after a 40 s warm-up:
-
-  prefill server                requests/min  prefill munmaps  decode munmaps  UCX chunks/min
-  threshold 4096, no chunking   ~30           256/s            0.2/s           15 (2.3 MB/min)
-  threshold 1024, no chunking   ~33           295/s            22/s            17 (2.6 MB/min)
-  threshold 1024, chunks of 32  ~12           886/s            84/s            50 (7.6 MB/min)
-
-(a 32-layer model with 3 clients stalled after ~30 requests.)
+Chunked prefill is what makes the leak show within a minute: the workers' munmaps, and so UCX's chunks,
+scale with model steps, not requests (about 3x with chunks of 32 tokens than without, on 2 cores).
 
 Also runnable by hand: ``python tests/targets/vintage_pd.py [leak|fixed] [SECONDS]`` starts the namespace,
 the pair and the proxy, drives load and prints the workers' RSS every 10 s.
@@ -168,7 +161,7 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
     return {
         # One OpenMP thread per server, each on its own core: with vLLM's default binding both servers'
         # compute threads share the two cores and spin in OpenMP barriers while the other holds the core
-        # (seen: prefill stuck for minutes, decode waiting for its KV).
+        # (the prefill can stall for minutes while the decode waits for its KV).
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VINTAGE_BIND", "nobind"), "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(NIXL_OLD),  # nixl 0.9.0 before .venv-vllm's 1.5.1
         "LD_LIBRARY_PATH": str(CUDA_STUB),
@@ -177,13 +170,13 @@ def server_env(max_unreleased: str, side_port: int, core: int) -> dict[str, str]
         "UCX_RCACHE_MAX_UNRELEASED": max_unreleased,
         # A real deployment knob: a fixed threshold (also turns glibc's dynamic one off) makes every
         # per-step tensor above 4 KiB an mmap/munmap pair, as large models do in production (1 KiB gives more
-        # munmaps; both were run, see tests/test_vllm_vintage.py for why the control is not yet clean).
+        # munmaps, and more of the worker's own malloc churn beside UCX's).
         "MALLOC_MMAP_THRESHOLD_": os.environ.get("VINTAGE_MMAP_THRESHOLD", "4096"),
         **({"MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_TOP_PAD_": "0"} if os.environ.get("VINTAGE_TRIM") else {}),
         # The pair's own warm-up, bounded: oneDNN (inside vLLM's _C) caches a JIT-compiled primitive per new
-        # batch shape, and chunked prefill with two clients makes new shapes for minutes (the control worker
-        # grew 2.5-6.6 MB/min through it in a 60 s hunt: a real, bounded growth that a 2-minute-old worker
-        # shows and a production worker is past). A smaller cache (default 1024) is full within the warm-up.
+        # batch shape, and chunked prefill with several clients makes new shapes for minutes: a real, bounded
+        # growth of several MB/min that a 2-minute-old worker shows and a production worker is past. A smaller
+        # cache (default 1024) is full within the warm-up.
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("VINTAGE_ONEDNN_CACHE", "128"),
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
     }

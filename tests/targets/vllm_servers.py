@@ -42,8 +42,7 @@ def base_env(extra: dict[str, str] | None = None, host: str = "127.0.0.1") -> di
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": host,
         # One OpenMP thread per worker, as the vintage pair (tests/targets/vintage_pd.py): two workers with one
-        # per core each kept the load average near 30 on 2 cores, and a hunt beside them went 44 s without a
-        # tick in CI (its whole 40 s window: nothing named).
+        # per core each spin in OpenMP barriers on 2 cores and starve everything beside them, a hunt included.
         "OMP_NUM_THREADS": "1",
         "UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib*,rdmacm",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": host,

@@ -343,7 +343,8 @@ class Symbolizer:
     def library_of(self, pid: int, site: int, ip: int) -> str:
         """The library blamed for a syscall: the caller (return address) when it points at code,
         else where the syscall instruction itself is. The name only (as :meth:`frame` gives it), without
-        reading the library's symbols: that took tens of seconds for libtorch_cpu.so in a tick."""
+        reading the library's symbols: a large library's (libtorch_cpu.so) take seconds to read, far more
+        than a tick may spend."""
         for addr in (site, ip):
             m = self.mapping(pid, addr) if addr else None
             if m is not None and "x" in m.perms:
