@@ -19,6 +19,7 @@ COMMANDS = {
     "compare": "leaktrace.commands.compare:compare",
     "demo": "leaktrace.commands.demo:demo",
     "cluster": "leaktrace.commands.cluster:cluster",
+    "watch": "leaktrace.commands.watch:watch",
 }
 HELP = {
     "doctor": "Can this machine trace? (root/BPF, tracepoints, BTF, headers, gdb, ptrace)",
@@ -28,6 +29,7 @@ HELP = {
     "compare": "Before/after a remedy: fixed, not fixed or regressed (compare.json/.md/.html).",
     "demo": "Start the bundled leaking workload, hunt it, write the report.",
     "cluster": "Hunt on every node of a Ray cluster and merge the reports.",
+    "watch": "Always-on: follow processes, hunt a confirmed leak, keep the evidence of those that die.",
 }
 
 

@@ -17,6 +17,7 @@ STAGES: list[tuple[str, ...]] = [
     ("report",),
     ("hunt", "live", "demo"),
     ("cluster",),
+    ("watch",),  # the always-on conductor: it runs hunts and selects targets as cluster hunts do
     ("commands", "cli", "doctor", "__main__"),
 ]
 RANK = {name: i for i, names in enumerate(STAGES) for name in names}

@@ -15,6 +15,10 @@ Metrics (all prefixed ``leaktrace_``):
   ledger_events_total, ledger_lost_events_total                                   counters (eBPF)
   gdb_pause_seconds_total, gdb_samples_total                                      counters (gdb sampler)
   warnings_total                                                                  counter
+
+``leaktrace watch`` serves its own set (WatchExporter, WATCH_METRICS below): per process (pid, label, role,
+instance) RSS, growth rate and leak state; outstanding bytes by (pid, library, kind); incidents and the
+watch's own CPU seconds.
 """
 
 from __future__ import annotations
@@ -143,20 +147,12 @@ class PrometheusExporter:
         self.scrapes = 0
 
     def start(self, ctx: HuntContext) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         self.ctx = ctx
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_SnapshotCollector(self))  # type: ignore[arg-type]
-        try:
-            self._server, self._thread = start_http_server(self.port, addr=self.addr, registry=self.registry)
-        except (OSError, OverflowError) as e:  # OverflowError: a port outside 0-65535
-            why = (
-                "already in use"
-                if getattr(e, "errno", None) == errno.EADDRINUSE
-                else (getattr(e, "strerror", None) or str(e))
-            )
-            raise PortUnavailable(f"cannot serve Prometheus metrics on {self.addr}:{self.port}: {why}") from e
+        self._server, self._thread = serve(self.port, self.addr, self.registry)
         self.port = self._server.server_port  # port 0 asks the kernel for a free one
         ctx.session.update_meta(prometheus={"addr": self.addr, "port": self.port})
         ctx.log(f"Prometheus metrics on http://{self.addr}:{self.port}/metrics")
@@ -197,3 +193,91 @@ class PrometheusExporter:
 
     def summary(self) -> dict[str, Any]:
         return {"addr": self.addr, "port": self.port, "scrapes": self.scrapes}
+
+
+def serve(port: int, addr: str, registry: Any) -> tuple[Any, Any]:
+    """Start the HTTP endpoint of ``registry``; a port that cannot be bound is one line (PortUnavailable)."""
+    from prometheus_client import start_http_server
+
+    try:
+        return start_http_server(port, addr=addr, registry=registry)
+    except (OSError, OverflowError) as e:  # OverflowError: a port outside 0-65535
+        why = ("already in use" if getattr(e, "errno", None) == errno.EADDRINUSE
+               else (getattr(e, "strerror", None) or str(e)))
+        raise PortUnavailable(f"cannot serve Prometheus metrics on {addr}:{port}: {why}") from e
+
+
+# The metrics `leaktrace watch` serves (DESIGN.md, Watch): docs/grafana and docs/prometheus name only these.
+WATCH_METRICS = ("leaktrace_process_rss_bytes", "leaktrace_process_growth_bytes_per_second",
+                 "leaktrace_process_leak_state", "leaktrace_outstanding_bytes", "leaktrace_incidents_total",
+                 "leaktrace_watch_cpu_seconds_total", "leaktrace_watch_targets")
+LEAK_STATES = {"ok": 0, "growing": 1, "leaking": 2, "confirmed": 3}
+
+
+class _WatchCollector:
+    """Renders the watch's latest snapshot (replaced whole at each tick: a scrape reads no /proc)."""
+
+    def __init__(self, snapshot: Any) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snap = self.snapshot()
+        who = ["pid", "label", "role", "instance"]
+        rss = GaugeMetricFamily("leaktrace_process_rss_bytes", "Resident set size (smaps_rollup).", labels=who)
+        growth = GaugeMetricFamily("leaktrace_process_growth_bytes_per_second",
+                                   "Robust (Theil-Sen) slope of the RSS or anonymous memory, the faster, over "
+                                   "the watch's window.", labels=who)
+        state = GaugeMetricFamily("leaktrace_process_leak_state",
+                                  "0 ok, 1 growing, 2 a leak by the hunt's rules, 3 confirmed (deep hunt).",
+                                  labels=who)
+        for p in snap["procs"]:
+            labels = [str(p["pid"]), str(p["label"]), str(p["role"]), str(p["instance"])]
+            rss.add_metric(labels, float(p["rss"]))
+            growth.add_metric(labels, float(max(p["rss_per_s"], p["anon_per_s"])))
+            state.add_metric(labels, float(LEAK_STATES.get(p["state"], 0)))
+        yield rss
+        yield growth
+        yield state
+        yield GaugeMetricFamily("leaktrace_watch_targets", "Processes followed now.", value=len(snap["procs"]))
+        out = GaugeMetricFamily("leaktrace_outstanding_bytes",
+                                "Bytes mapped and not unmapped, by the library that mapped them (eBPF ledger of "
+                                "the incidents' deep hunts).", labels=["pid", "library", "kind"])
+        for pid, lib, kind, b in snap["outstanding"]:
+            out.add_metric([str(pid), str(lib), str(kind)], float(b))
+        yield out
+        yield CounterMetricFamily("leaktrace_incidents", "Incidents written (deep hunts and exits).",
+                                  value=float(snap["incidents_total"]))
+        yield CounterMetricFamily("leaktrace_watch_cpu_seconds", "CPU time of the watch process itself.",
+                                  value=float(snap["cpu_s"]))
+
+
+class WatchExporter:
+    """The Prometheus endpoint of `leaktrace watch`: ``snapshot()`` returns {"procs": [{pid, label, role,
+    instance, rss, rss_per_s, anon_per_s, state}], "outstanding": [(pid, library, kind, bytes)],
+    "incidents_total", "cpu_s"}."""
+
+    def __init__(self, port: int, addr: str | None, snapshot: Any) -> None:
+        self.port = int(port)
+        self.addr = addr or DEFAULT_ADDR
+        self.snapshot = snapshot
+        self._server: Any = None
+        self._thread: Any = None
+
+    def start(self) -> None:
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_WatchCollector(self.snapshot))  # type: ignore[arg-type]
+        self._server, self._thread = serve(self.port, self.addr, registry)
+        self.port = self._server.server_port  # port 0 asks the kernel for a free one
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

@@ -1,0 +1,277 @@
+"""The watch's loop: every tick the selection is rescanned, the watcher probe reads each process's
+smaps_rollup into the rolling history (a full smaps every smaps_every ticks), each process is judged, a leak
+held for --confirm-s starts a deep hunt, a growing process that ended leaves an exit incident, watch.json is
+rewritten (atomically) and the Prometheus snapshot replaced. It stops at --duration or on SIGTERM/Ctrl-C,
+stopping its deep hunts cleanly (their sessions and reports are written)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from leaktrace import __version__
+from leaktrace.atomic import atomic_write_text
+from leaktrace.hunt import _StopFlag
+from leaktrace.probes import HuntContext, HuntOptions, TargetSet
+from leaktrace.probes.exporter import WatchExporter
+from leaktrace.probes.watcher import WatcherProbe
+from leaktrace.watch import WatchOptions
+from leaktrace.watch.incidents import (
+    Incident,
+    enforce_disk,
+    poll_deep_hunt,
+    start_deep_hunt,
+    stop_deep_hunt,
+    write_exit_incident,
+)
+from leaktrace.watch.judge import Judgement, judge, thresholds
+from leaktrace.watch.kmsg import oom_killed
+from leaktrace.watch.ring import RingSession
+from leaktrace.watch.targets import Selector, selection
+
+WATCH_JSON = "watch.json"
+WATCH_SCHEMA = "leaktrace.watch/1"
+MAX_INCIDENTS_LISTED = 100  # watch.json and memory: the newest incidents (all stay on disk, up to the bound)
+MAX_EXITED_LISTED = 50
+DISK_CHECK_EVERY_S = 60.0
+
+
+@dataclass
+class Tracked:
+    pid: int
+    root: int
+    first_t: float
+    j: Judgement
+    leaking_since: float | None = None
+    confirmed: bool = False
+    grew: bool = False  # judged growing at least once: an exit leaves an incident
+
+
+class Watch:
+    def __init__(self, options: WatchOptions, out: Path, log: Callable[[str], None] = lambda s: None) -> None:
+        self.options, self.out, self.log = options, out, log
+        self.th = thresholds(options.leak_mb_per_min)
+        self.window_s = max(60.0, 30.0 * options.interval)
+        self.ring = RingSession(rollup_rows=max(64, int(self.window_s / options.interval) + 8))
+        self.selector = Selector(list(options.pids), options.vllm, options.match)
+        hopts = HuntOptions(duration=float("inf"), interval=options.interval, smaps_every=options.smaps_every,
+                            bpf=False, gdb=False, pyheap=False)
+        self.targets = TargetSet(roots=[])
+        self.ctx = HuntContext(session=self.ring, targets=self.targets, options=hopts,  # type: ignore[arg-type]
+                               log=log)
+        self.watcher = WatcherProbe(hopts)
+        self.tracked: dict[int, Tracked] = {}
+        self.incidents: deque[Incident] = deque(maxlen=MAX_INCIDENTS_LISTED)
+        self.running: list[Incident] = []
+        self.exited: deque[dict[str, Any]] = deque(maxlen=MAX_EXITED_LISTED)
+        self.incidents_total = 0
+        self.ticks = 0
+        self.started_wall = time.time()
+        self._last_disk = -DISK_CHECK_EVERY_S
+        self._snap_lock = threading.Lock()
+        self._snap: dict[str, Any] = {"procs": [], "outstanding": [], "incidents_total": 0, "cpu_s": 0.0}
+        self.exporter: WatchExporter | None = None
+
+    # -- the loop
+    def run(self, stop: threading.Event | None = None) -> str:
+        flag = _StopFlag()
+        flag.install()
+        if stop is not None:
+            threading.Thread(target=lambda: (stop.wait(), flag.event.set()), daemon=True).start()
+        reason = "deadline"
+        try:
+            if self.options.prometheus_port is not None:
+                self.exporter = WatchExporter(self.options.prometheus_port, self.options.prometheus_addr,
+                                              self.snapshot)
+                self.exporter.start()
+                self.log(f"Prometheus metrics on http://{self.exporter.addr}:{self.exporter.port}/metrics")
+            self.watcher.start(self.ctx)
+            t_end = None if self.options.duration is None else self.ring.now() + self.options.duration
+            next_tick = self.ring.now()
+            while True:
+                self.tick()
+                if flag.event.is_set():
+                    reason = flag.reason or "stopped"
+                    break
+                now = self.ring.now()
+                if t_end is not None and now >= t_end:
+                    break
+                next_tick = max(next_tick + self.options.interval, now)
+                wait = next_tick - now if t_end is None else min(next_tick, t_end) - now
+                if flag.event.wait(max(0.0, wait)):
+                    reason = flag.reason or "stopped"
+                    break
+        finally:
+            for inc in list(self.running):
+                stop_deep_hunt(inc)
+                self._finished(inc)
+            self.stop_reason = reason
+            self._write_json(reason)
+            if self.exporter is not None:
+                self.exporter.stop()
+            flag.restore()
+        return reason
+
+    def tick(self) -> None:
+        now = self.ring.now()
+        self.ticks += 1
+        roots = self.selector.roots()
+        with self.targets.lock:
+            self.targets.roots[:] = roots
+        before = set(self.targets.live())
+        self.watcher.tick(now)
+        live = set(self.targets.live())
+        root_of = self._roots_of(live)
+        for pid in sorted(live - before):
+            self.log(f"following pid {pid} (tree of {root_of.get(pid, pid)})")
+        for pid in sorted(set(self.tracked) - live):
+            self._ended(pid, now)
+        for pid in sorted(live):
+            self._judge(pid, root_of.get(pid, pid), now)
+        for inc in list(self.running):
+            if poll_deep_hunt(inc):
+                self._finished(inc)
+        if now - self._last_disk >= DISK_CHECK_EVERY_S or self._dirty:
+            self._bound_disk()
+            self._last_disk = now
+        self._publish()
+        self._write_json(None)
+
+    _dirty = False
+
+    def _roots_of(self, live: set[int]) -> dict[int, int]:
+        with self.targets.lock:
+            parent = dict(self.targets.pids)
+            roots = set(self.targets.roots)
+        out = {}
+        for pid in live:
+            p, seen = pid, set()
+            while p not in roots and p in parent and p not in seen:
+                seen.add(p)
+                p = parent[p]
+            out[pid] = p if p in roots else pid
+        return out
+
+    def _judge(self, pid: int, root: int, now: float) -> None:
+        tr = self.tracked.get(pid)
+        rows = self.ring.rollup(pid, since=now - self.window_s)
+        j = judge(rows, self.th)
+        if tr is None:
+            tr = self.tracked[pid] = Tracked(pid, root, now, j)
+        tr.j = j
+        tr.grew = tr.grew or j.growing
+        if not j.leaking:
+            tr.leaking_since = None
+            return
+        if tr.leaking_since is None:
+            tr.leaking_since = now
+            self.log(f"pid {pid} grows {max(j.rss_per_s, j.anon_per_s) * 60 / 2**20:.1f} MB/min: a leak by "
+                     f"the hunt's rules; confirming for {self.options.confirm_s:.0f}s")
+        if tr.confirmed or now - tr.leaking_since < self.options.confirm_s:
+            return
+        tr.confirmed = True
+        if any(i.root == tr.root for i in self.running):
+            return  # its tree is being hunted already
+        inc = start_deep_hunt(self.out, pid, tr.root, now, self.options)
+        self.log(f"pid {pid}: leak confirmed; deep hunt of the tree of {tr.root} for "
+                 f"{self.options.deep_hunt_s:.0f}s -> {inc.path}")
+        self._new_incident(inc)
+        if inc.proc is not None:
+            self.running.append(inc)
+
+    def _ended(self, pid: int, now: float) -> None:
+        tr = self.tracked.pop(pid)
+        tables = self.ring.tables(pid)
+        code = next((int(r["exit_code"]) for r in reversed(tables.get("processes") or [])
+                     if r.get("event") == "exit" and r.get("exit_code") is not None and int(r["exit_code"]) >= 0),
+                    None)
+        oom = oom_killed(pid)
+        self.exited.append({"pid": pid, "t": round(now, 3), "exit_code": code, "oom": oom, "grew": tr.grew})
+        if tr.grew or tr.confirmed or oom:
+            meta = {"selection": selection(self.options), "interval": self.options.interval,
+                    "rates": {"rss_bytes_per_s": tr.j.rss_per_s, "anon_bytes_per_s": tr.j.anon_per_s}}
+            inc = write_exit_incident(self.out, pid, tr.root, now, tables, code, oom, meta, self.options.formats)
+            self.log(f"pid {pid} ended ({inc.exit['how'] if inc.exit else '?'}) while growing: {inc.path}")
+            self._new_incident(inc)
+            self._finished(inc)
+        self.ring.forget(pid)
+        self.selector.forget(pid)
+
+    def _new_incident(self, inc: Incident) -> None:
+        self.incidents.append(inc)
+        self.incidents_total += 1
+        self._dirty = True
+
+    def _finished(self, inc: Incident) -> None:
+        if inc in self.running:
+            self.running.remove(inc)
+            self.log(f"deep hunt of pid {inc.pid} {inc.status}: verdict {inc.verdict} ({inc.path})"
+                     + (f": {inc.error}" if inc.error else ""))
+        self._dirty = True
+
+    def _bound_disk(self) -> None:
+        self._dirty = False
+        busy = {i.path for i in self.running}
+        for p in enforce_disk(self.out, self.options.max_disk_mb * 2**20, busy):
+            self.log(f"--max-disk-mb: deleted the oldest incident {p}")
+            for inc in self.incidents:
+                if inc.path == p:
+                    inc.status = "deleted"
+
+    # -- what others read
+    def _publish(self) -> None:
+        procs = []
+        for pid, tr in sorted(self.tracked.items()):
+            info = self.selector.describe(pid, tr.root)
+            procs.append({"pid": pid, "root": tr.root, "label": info.label, "role": info.role,
+                          "instance": info.instance, "rss": tr.j.rss, "anon": tr.j.anon,
+                          "rss_per_s": tr.j.rss_per_s, "anon_per_s": tr.j.anon_per_s,
+                          "state": ("confirmed" if tr.confirmed else "leaking" if tr.leaking_since is not None
+                                    else "growing" if tr.j.growing else "ok")})
+        outstanding: dict[tuple[str, str, str], float] = {}
+        for inc in self.incidents:
+            if inc.status == "deleted":
+                continue
+            for c in inc.culprits:
+                if c.get("library"):
+                    outstanding[(str(c.get("pid")), str(c["library"]), str(c.get("kind")))] = float(
+                        c.get("outstanding_bytes") or 0)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        snap = {"procs": procs, "outstanding": [(*k, v) for k, v in outstanding.items()],
+                "incidents_total": self.incidents_total, "cpu_s": ru.ru_utime + ru.ru_stime}
+        with self._snap_lock:
+            self._snap = snap
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._snap_lock:
+            return self._snap
+
+    def _write_json(self, stop_reason: str | None) -> None:
+        snap = self.snapshot()
+        doc = {
+            "schema": WATCH_SCHEMA, "leaktrace": __version__, "started_wall": self.started_wall,
+            "updated_wall": time.time(), "running": stop_reason is None, "stop_reason": stop_reason,
+            "selection": selection(self.options), "interval_s": self.options.interval, "ticks": self.ticks,
+            "thresholds": {"leak_mb_per_min": self.th["leak_mb_per_min"], "confirm_s": self.options.confirm_s,
+                           "deep_hunt_s": self.options.deep_hunt_s, "max_disk_mb": self.options.max_disk_mb},
+            "cpu_s": round(snap["cpu_s"], 3),
+            "prometheus": None if self.exporter is None else {"addr": self.exporter.addr, "port": self.exporter.port},
+            "targets": [{**{k: p[k] for k in ("pid", "root", "label", "role", "instance", "state")},
+                         "rss_bytes": p["rss"], "anon_bytes": p["anon"],
+                         "rss_mb_per_min": round(p["rss_per_s"] * 60 / 2**20, 4),
+                         "anon_mb_per_min": round(p["anon_per_s"] * 60 / 2**20, 4)} for p in snap["procs"]],
+            "exited": list(self.exited),
+            "incidents_total": self.incidents_total,
+            "incidents": [i.as_dict() for i in self.incidents],
+        }
+        try:
+            atomic_write_text(self.out / WATCH_JSON, json.dumps(doc, indent=1, default=str))
+        except OSError as e:
+            self.log(f"warning: cannot write {self.out / WATCH_JSON}: {e}")

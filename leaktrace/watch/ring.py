@@ -1,0 +1,78 @@
+"""The watch's in-memory session: the watcher probe writes its rows here as into a session directory, and
+each process keeps a bounded rolling history, so memory stays flat over days. A process's rows become a
+real session directory (leaktrace.session.SessionWriter) only when it leaves an incident."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+# Rows kept per process and table. rollup: one a tick (720 = 2 h at the default 10 s interval); the
+# full-smaps tables grow by a snapshot every smaps_every ticks.
+LIMITS = {"rollup": 720, "class_usage": 600, "region_events": 2000, "processes": 16}
+DEFAULT_LIMIT = 500
+
+
+class RingSession:
+    """Duck-types the part of SessionWriter the watcher probe uses (append, now, meta, update_meta)."""
+
+    def __init__(self, rollup_rows: int | None = None) -> None:
+        self.meta: dict[str, Any] = {"t0_monotonic": time.monotonic(), "attach_s": 0.0}
+        self._limits = {**LIMITS, **({"rollup": rollup_rows} if rollup_rows else {})}
+        self._rows: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return time.monotonic() - self.meta["t0_monotonic"]
+
+    def update_meta(self, **fields: Any) -> None:
+        self.meta.update(fields)
+
+    def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any]) -> None:
+        if isinstance(rows, dict):
+            rows = [rows]
+        with self._lock:
+            for r in rows:
+                per = self._rows.setdefault(int(r.get("pid", -1)), {})
+                if table == "regions":
+                    # Whole snapshots: the first one kept, the last one replaced.
+                    key = f"regions_{r.get('snapshot', 'first')}"
+                    batch = per.setdefault("_batch", {})
+                    batch.setdefault(key, []).append(r)
+                    continue
+                dq = per.get(table)
+                if dq is None:
+                    dq = per[table] = deque(maxlen=self._limits.get(table, DEFAULT_LIMIT))
+                dq.append(r)
+            for per in self._rows.values():
+                for key, batch in per.pop("_batch", {}).items():
+                    if key == "regions_first" and key in per:
+                        continue
+                    per[key] = batch
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._rows)
+
+    def rollup(self, pid: int, since: float | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = list(self._rows.get(pid, {}).get("rollup", ()))
+        return rows if since is None else [r for r in rows if r["t"] >= since]
+
+    def tables(self, pid: int) -> dict[str, list[dict[str, Any]]]:
+        """Every row kept of ``pid``, by session table (regions: the first and last snapshots)."""
+        with self._lock:
+            per = self._rows.get(pid, {})
+            out = {k: list(v) for k, v in per.items() if not k.startswith("regions_")}
+            out["regions"] = list(per.get("regions_first", [])) + list(per.get("regions_last", []))
+        return out
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            self._rows.pop(pid, None)
+
+    def rows_held(self) -> int:
+        with self._lock:
+            return sum(len(v) for per in self._rows.values() for v in per.values())

@@ -1,0 +1,223 @@
+"""`leaktrace watch` on real processes: one watch over a clean churner, a grower that exits and a leak that
+starts later picks the new process up, turns only the leak into a deep-hunt incident whose report names the
+library, leaves an exit incident for the grower, serves the metrics (outstanding bytes by library included)
+and stops on SIGTERM with exit 0. Also: bad inputs, the disk bound, the rolling history's bound, and the
+shipped Prometheus rules / Grafana dashboard checked against what the exporter serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import LEAKTRACE, REPO, is_root, run_cli, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from build import build  # noqa: E402
+
+RULES = REPO / "docs" / "prometheus" / "leaktrace-alerts.yml"
+DASHBOARD = REPO / "docs" / "grafana" / "leaktrace-dashboard.json"
+LEAK_KIB_S = 2048  # 120 MB/min
+LIB = "libwatchleak.so"
+
+
+@pytest.fixture(scope="module")
+def target_bin() -> Path:
+    lib = build(LIB, ["watch_lib.c"], cflags=["-fomit-frame-pointer"], shared=True, strip=True)
+    return build("watch_target", ["watch_target.c"],
+                 ldflags=[f"-L{lib.parent}", "-lwatchleak", f"-Wl,-rpath,{lib.parent}"])
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _samples(text: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def _state(out: Path) -> dict:
+    try:
+        return json.loads((out / "watch.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bleaktrace_[a-z_]+\b", expr))
+
+
+@pytest.mark.skipif(not is_root(), reason="deep hunts need root (eBPF, ptrace)")
+def test_watch_end_to_end(tmp_path, spawn, target_bin):
+    tag = f"wt{os.getpid()}x{time.monotonic_ns() % 100000}"
+    churner = spawn([target_bin, tag, "--churn-kib-per-s", "4096"])
+    # Grows, then exits with status 3 (an unreaped zombie until the test reaps it: /proc tells the status).
+    grower = spawn([target_bin, tag, "--leak-kib-per-s", str(LEAK_KIB_S), "--exit-after", "16", "--exit-code", "3"])
+    out = tmp_path / "w"
+    watch = subprocess.Popen(
+        [*LEAKTRACE, "watch", "--match", f"watch_target {tag}", "--interval", "1", "--confirm-s", "10",
+         "--deep-hunt-s", "15", "--duration", "110", "--out", str(out), "--prometheus-port", "0",
+         "--format", "json,md", "--no-gdb"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert wait_for(lambda: len(_state(out).get("targets", [])) >= 2, timeout=30), _state(out)
+        # The leak starts after the watch: picked up at a later tick.
+        leaker = spawn([target_bin, tag, "--leak-kib-per-s", str(LEAK_KIB_S)])
+        port = _state(out)["prometheus"]["port"]
+        try:
+            socket.create_connection(("127.0.0.2", port), timeout=2).close()
+            raise AssertionError("metrics reachable beyond 127.0.0.1")
+        except ConnectionRefusedError:
+            pass
+
+        def hunted() -> bool:
+            return any(i["kind"] == "leak" and i["pid"] == leaker.pid and i["status"] != "running"
+                       for i in _state(out).get("incidents", []))
+
+        assert wait_for(hunted, timeout=90, step=0.5), _state(out)
+        text = _scrape(port)
+        samples = _samples(text)
+        served = {s.name for s in samples}
+        by = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
+        outstanding = [s for s in samples if s.name == "leaktrace_outstanding_bytes"
+                       and s.labels["library"] == LIB and s.labels["pid"] == str(leaker.pid)]
+        assert outstanding and outstanding[0].value > 4 << 20, text
+        rss = [s for s in samples if s.name == "leaktrace_process_rss_bytes" and s.labels["pid"] == str(churner.pid)]
+        assert rss and set(rss[0].labels) == {"pid", "label", "role", "instance"}
+        assert by[("leaktrace_incidents_total", ())] >= 2
+        assert by[("leaktrace_watch_cpu_seconds_total", ())] > 0
+        growth = [s.value for s in samples if s.name == "leaktrace_process_growth_bytes_per_second"
+                  and s.labels["pid"] == str(leaker.pid)]
+        assert growth and abs(growth[0] - LEAK_KIB_S * 1024) < 0.3 * LEAK_KIB_S * 1024, growth
+        # The shipped dashboard and alert rules name only metrics this exporter serves.
+        dash = json.loads(DASHBOARD.read_text())
+        exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+        exprs += [a["expr"] for a in dash["annotations"]["list"]]
+        exprs += [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+        named = set().union(*map(_metric_names, exprs))
+        assert named and named <= served, named - served
+        watch.send_signal(signal.SIGTERM)
+        stdout, stderr = watch.communicate(timeout=90)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 0, stderr
+    assert "watch stopped: SIGTERM" in stdout, stdout
+    state = _state(out)
+    assert state["running"] is False and state["stop_reason"] == "SIGTERM"
+    incidents = state["incidents"]
+    # Only the leak and the grower that ended: never the churner.
+    assert {i["pid"] for i in incidents} <= {leaker.pid, grower.pid}, incidents
+    deep = [i for i in incidents if i["kind"] == "leak" and i["pid"] == leaker.pid]
+    assert len(deep) == 1 and deep[0]["status"] == "done", deep
+    path = Path(deep[0]["path"])
+    assert path.parent == out / "incidents" and re.fullmatch(rf"\d{{8}}T\d{{6}}Z-{leaker.pid}", path.name)
+    report = json.loads((path / "report.json").read_text())
+    assert report["verdict"] == "leak"
+    assert report["culprits"][0]["library"] == LIB, report["culprits"][:2]
+    assert (path / "report.md").exists()
+    # The grower's death left its history, and how it ended.
+    ex = [i for i in incidents if i["kind"] == "exit" and i["pid"] == grower.pid]
+    assert len(ex) == 1 and ex[0]["status"] == "done", incidents
+    epath = Path(ex[0]["path"])
+    assert epath.name.endswith(f"-{grower.pid}-exit")
+    erep = json.loads((epath / "report.json").read_text())
+    proc = next(p for p in erep["processes"] if p["pid"] == grower.pid)
+    assert proc["exit"]["how"] == "exited" and proc["exit"]["status"] == 3, proc
+    assert proc["rss_mb_per_min"] > 50
+    r = run_cli("report", epath, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert churner.popen.poll() is None
+
+
+def test_watch_bad_input(tmp_path, spawn, target_bin):
+    target = spawn([target_bin, "bad-input"])
+    session = tmp_path / "session"
+    session.mkdir()
+    (session / "meta.json").write_text('{"schema": "leaktrace.session/1"}')
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        cases = [
+            (("watch",), 2),
+            (("watch", "--vllm", "--match", "x"), 2),
+            (("watch", "--match", "(unclosed"), 2),
+            (("watch", "--match", "x", "--interval", "0"), 2),
+            (("watch", "--match", "x", "--max-disk-mb", "-5"), 2),
+            (("watch", "--match", "x", "--format", "bogus"), 2),
+            (("watch", "--match", "x", "--prometheus-port", "70000"), 2),
+            (("watch", "--pid", "999999999"), 3),
+            (("watch", "--match", "x", "--out", session), 13),
+            (("watch", "--match", "x", "--out", "/proc/leaktrace/w"), 9),
+            (("watch", "--pid", target.pid, "--out", tmp_path / "p", "--prometheus-port",
+              busy.getsockname()[1], "--duration", "5"), 2),
+        ]
+        procs = [(args, rc, subprocess.Popen([*LEAKTRACE, *map(str, args)], stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, cwd=str(REPO)))
+                 for args, rc in cases]
+        for args, rc, p in procs:
+            _out, err = p.communicate(timeout=60)
+            lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+            assert p.returncode == rc, (args, p.returncode, err)
+            assert len(lines) <= 3 and "Traceback" not in err, (args, err)
+    finally:
+        busy.close()
+
+
+def test_disk_bound(tmp_path):
+    from leaktrace.watch.incidents import INCIDENTS, enforce_disk
+
+    d = tmp_path / INCIDENTS
+    for i in range(5):
+        inc = d / f"2026010{i}T000000Z-{100 + i}"
+        inc.mkdir(parents=True)
+        (inc / "report.json").write_bytes(b"x" * (1 << 20))
+    busy = {d / "20260100T000000Z-100"}  # the oldest, still being written: kept
+    deleted = enforce_disk(tmp_path, 2.5 * (1 << 20), busy)
+    assert [p.name for p in deleted] == ["20260101T000000Z-101", "20260102T000000Z-102", "20260103T000000Z-103"]
+    assert sorted(p.name for p in d.iterdir()) == ["20260100T000000Z-100", "20260104T000000Z-104"]
+
+
+def test_rolling_history_is_bounded():
+    from leaktrace.watch.ring import RingSession
+
+    ring = RingSession(rollup_rows=50)
+    for k in range(2000):
+        ring.append("rollup", [{"t": float(k), "pid": p, "rss": k, "pss": k, "uss": k, "anon": k, "swap": 0,
+                                "shared": 0} for p in (1, 2)])
+        ring.append("regions", [{"t": float(k), "pid": 1, "snapshot": "first" if k == 0 else "last", "start": k}])
+    assert len(ring.rollup(1)) == 50 and ring.rollup(1)[-1]["t"] == 1999.0
+    regions = ring.tables(1)["regions"]
+    assert [r["start"] for r in regions] == [0, 1999]
+    ring.forget(1)
+    assert ring.pids() == [2]
+
+
+def test_alert_rules_parse():
+    doc = yaml.safe_load(RULES.read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    assert rules and all({"alert", "expr", "labels", "annotations"} <= set(r) for r in rules)
+    from leaktrace.probes.exporter import WATCH_METRICS
+
+    for r in rules:
+        assert _metric_names(r["expr"]) <= set(WATCH_METRICS), r["alert"]
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (.ci/setup.d/46-watch.sh installs Debian's prometheus)")
+    res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
