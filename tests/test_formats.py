@@ -103,5 +103,5 @@ def test_registry() -> None:
             reporter = formats.reporter(name)
             assert reporter.name == name and callable(reporter.write)
             files.add(reporter.filename)
-    assert files == {"report.json", "report.md", "report.html", "outstanding.folded",
+    assert files == {"report.json", "report.md", "report.html", "outstanding.folded", "outstanding.pb.gz",
                      "compare.json", "compare.md", "compare.html"}

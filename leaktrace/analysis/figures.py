@@ -22,6 +22,20 @@ class Figures:
     rollup: pd.DataFrame = field(default_factory=pd.DataFrame)  # smaps_rollup rows: t, pid, rss, anon, ...
     ledger_by_library: pd.DataFrame | None = None  # t, library, bytes (the top libraries at the end)
     ledger_stacks: Stacks = field(default_factory=list)  # outstanding bytes by pid and call stack
+    ledger_sites: list[LedgerSite] = field(default_factory=list)  # the same with library, kind and regions
+    start_wall: float | None = None  # the hunt's start, Unix seconds (a pprof profile's time)
+
+
+@dataclass(frozen=True)
+class LedgerSite:
+    """The outstanding regions of one process mapped through one call stack (and library, kind)."""
+
+    pid: int
+    library: str | None
+    kind: str | None
+    frames: list[str]  # root first, as in ``ledger_stacks`` without the process frame
+    bytes: int
+    regions: int
 
 
 def build_figures(reader: TableSource) -> Figures:
@@ -29,7 +43,8 @@ def build_figures(reader: TableSource) -> Figures:
         by_library = ledger_by_library(reader)
     except Exception:  # noqa: BLE001 - an optional plot: the report stands without it
         by_library = None
-    return Figures(rollup=reader.table("rollup"), ledger_by_library=by_library, ledger_stacks=ledger_stacks(reader))
+    return Figures(rollup=reader.table("rollup"), ledger_by_library=by_library, ledger_stacks=ledger_stacks(reader),
+                   ledger_sites=ledger_sites(reader), start_wall=reader.meta.get("start_wall"))
 
 
 def ledger_by_library(reader: TableSource, top: int = 8) -> pd.DataFrame | None:
@@ -61,3 +76,21 @@ def ledger_stacks(reader: TableSource) -> Stacks:
     return out
 
 
+def ledger_sites(reader: TableSource) -> list[LedgerSite]:
+    """``ledger_stacks`` with the region count, library and kind of each (pid, stack, library, kind): the
+    interactive flame graph's hover and the pprof profile's ``inuse_objects``."""
+    if reader is None:
+        return []
+    regs = reader.table("ledger_regions")
+    if regs.empty:
+        return []
+    regs = regs[~regs["preexisting"].astype(bool)]
+    frames = stack_frames(reader)
+    out: list[LedgerSite] = []
+    by = regs.groupby(["pid", "stack_key", "library", "kind"], dropna=False)["size"].agg(["sum", "count"])
+    for (pid, skey, lib, kind), row in by.iterrows():
+        lib = None if pd.isna(lib) or lib == "" else str(lib)
+        stack = frames.get(str(skey)) or ([f"{lib} (no stack)"] if lib else [str(skey)])
+        out.append(LedgerSite(int(pid), lib, None if pd.isna(kind) else str(kind),
+                              [clean_frame(f) for f in reversed(stack)], int(row["sum"]), int(row["count"])))
+    return out

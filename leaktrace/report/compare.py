@@ -1,11 +1,13 @@
 """The reporters of ``leaktrace compare``: compare.json, compare.md and compare.html (from a template),
-rendering the dict built by leaktrace.analysis.compare and nothing else."""
+rendering the dict built by leaktrace.analysis.compare; compare.html also shows the two hunts' flame graphs
+side by side (leaktrace.report.flamegraph)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from leaktrace.analysis.compare import describe_change
+from leaktrace.report import flamegraph
 from leaktrace.report.formats import TextReporter
 from leaktrace.report.json_report import JsonReporter
 from leaktrace.report.markdown import table
@@ -47,12 +49,38 @@ def render_markdown(cmp: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_html(cmp: dict[str, Any]) -> str:
+def hunt_views(path: str) -> list[dict[str, Any]]:
+    """The flame graph views of one compared hunt. The comparison holds only the hunts' paths, so their
+    report and figures are asked of the analysis here (its report.json, else the one built from its session;
+    the figures when it holds a session); a hunt that has neither gets none."""
+    from leaktrace.analysis.compare import load_report
+    from leaktrace.analysis.figures import build_figures
+    from leaktrace.errors import LeaktraceError
+    from leaktrace.session import SessionReader
+
+    try:
+        report, d = load_report(path)
+    except (LeaktraceError, OSError):
+        return []
+    try:
+        figures = build_figures(SessionReader(d))
+    except (LeaktraceError, OSError):
+        figures = None
+    return flamegraph.views(report, figures)
+
+
+def render_html(cmp: dict[str, Any], hunts: dict[str, list[dict[str, Any]]] | None = None) -> str:
+    """``hunts``: the flame graph views of "before" and "after" (default: :func:`hunt_views` of their paths)."""
     from jinja2 import Environment, PackageLoader, select_autoescape
 
+    if hunts is None:
+        hunts = {side: hunt_views(cmp[side]["path"]) for side in ("before", "after")}
+    flames = {side: flamegraph.widget(f"flamegraph-{side}", hunts.get(side) or []) for side in ("before", "after")}
     env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
-    return env.get_template("compare.html.j2").render(c=cmp, mb=2**20, remedy_applied=remedy_applied)
+    return env.get_template("compare.html.j2").render(
+        c=cmp, mb=2**20, remedy_applied=remedy_applied, flames=flames,
+        flame_assets=flamegraph.assets() if any(hunts.values()) else "")
 
 
 JSON_REPORTER = JsonReporter("compare.json", "compare")

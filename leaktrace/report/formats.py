@@ -106,6 +106,12 @@ def _folded() -> Reporter:
     return flame.REPORTER
 
 
+def _pprof() -> Reporter:
+    from leaktrace.report import pprof
+
+    return pprof.REPORTER
+
+
 def _compare(attr: str) -> Callable[[], Reporter]:
     def load() -> Reporter:
         from leaktrace.report import compare
@@ -117,7 +123,7 @@ def _compare(attr: str) -> Callable[[], Reporter]:
 
 # A hunt's report: hunt, report, demo (and each node of a cluster hunt).
 REPORT_FORMATS = Formats(
-    "report", {"json": _json, "md": _markdown, "html": _html, "folded": _folded},
+    "report", {"json": _json, "md": _markdown, "html": _html, "folded": _folded, "pprof": _pprof},
     always=("json",), brings={"html": ("folded",)})
 
 # Two hunts compared: compare.

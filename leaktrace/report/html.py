@@ -1,7 +1,9 @@
-"""report.html: one self-contained file (inline SVG plots and CSS, no script, no network).
+"""report.html: one self-contained file (inline SVG plots, CSS and scripts; nothing from the network).
 
 Plots: RSS and anonymous memory over time per process, growth by memory class, top growing regions,
-a flame graph of outstanding bytes by stack; culprit cards. Copes with any subset of tables.
+an interactive flame graph of outstanding bytes by stack (leaktrace.report.flamegraph: per culprit and per
+process, searchable) with a static one under it for readers without scripts; culprit cards. Copes with any
+subset of tables.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.figures import Figures
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
+from leaktrace.report import flamegraph
 from leaktrace.report.flame import collect_stacks, flame_svg
 from leaktrace.report.formats import TextReporter
 
@@ -126,9 +129,11 @@ def render(report: Report, figures: Figures | None = None) -> str:
         "ledger": _ledger_over_time_svg(figures.ledger_by_library if figures is not None else None),
         "flame": flame_svg(stacks),
     }
+    views = flamegraph.views(report, figures)
     tpl = env.get_template("report.html.j2")
     ended = {p["pid"]: describe_exit(p.get("exit")) for p in report.get("processes", []) if p.get("exit")}
-    return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB, ended=ended)
+    return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB, ended=ended,
+                      flame_assets=flamegraph.assets() if views else "", flame_widget=flamegraph.widget("flamegraph", views))
 
 
 REPORTER = TextReporter("html", "report.html", render)
