@@ -34,3 +34,7 @@ def test_notebook_executes_on_a_session(leaker_bin, tmp_path):
     images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                  if "image/png" in o.get("data", {}))
     assert images >= 2  # memory over time, growth by class
+    # the interactive flame graph, as in report.html: its data and the inlined scripts that draw it
+    html = "".join("".join(o.get("data", {}).get("text/html", "")) for c in nb.cells if c.cell_type == "code"
+                   for o in c.get("outputs", []))
+    assert 'id="flamegraph"' in html and "leaktraceFlame" in html and "d3-flame-graph" in html, html[:500]
