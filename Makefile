@@ -15,8 +15,7 @@ demo: setup
 test: setup-test
 	bash .ci/test.sh
 
-# The extended modules: a second real vLLM P/D pair (the remedy compared on the real leak) and a vLLM P/D
-# pair across two Ray nodes; ~20 min on 2 cores.
+# The extended module: a real vLLM P/D pair across two Ray nodes (~10 min on 2 cores).
 test-extended: setup-test
 	LEAKTRACE_EXTENDED=1 bash .ci/test.sh
 

@@ -2,7 +2,7 @@
 # The README's test command (after .ci/setup.sh): lint, then the suite on real processes, in two phases
 # (tests/conftest.py, ALONE_MODULES): the heavy and timing-sensitive modules one test at a time, then the
 # others two at a time (pytest-xdist). Both phases always run; the exit status is the first failure's.
-# The extended modules (a second real vLLM pair, a vLLM cluster: marker `extended`) run with
+# The extended module (a second real vLLM pair, across two Ray nodes: marker `extended`) runs with
 # `make test-extended` (LEAKTRACE_EXTENDED=1), not here.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -111,7 +111,7 @@ os.environ.setdefault("LEAKTRACE_SCHEMA_CHECK", "1")
 # and the checks of pace, shape or rate that a neighbour's CPU use would skew. Two at a time: hunts of the
 # fixture processes, whose checks count bytes, regions and call paths.
 ALONE_MODULES = {
-    "test_vllm_vintage.py", "test_vllm_pd.py", "test_cluster_pd.py", "test_cluster.py",
+    "test_vllm_pd.py", "test_cluster_pd.py", "test_cluster.py",
     "test_cluster_faults.py", "test_cluster_merge.py", "test_nixl_pair.py", "test_ucx_leak.py", "test_compare.py",
     "test_discover.py", "test_discover_pyheap.py", "test_secrets.py", "test_cli_edges.py", "test_gdb_sampler.py",
     "test_bpf_stream.py", "test_pyheap_stall.py", "test_verdict_plateau.py", "test_demo.py",

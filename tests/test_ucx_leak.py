@@ -141,7 +141,7 @@ def test_hunt_blames_hooked_mmaps_on_their_caller(spawn, leak_bin, tmp_path, set
     """With UCX's bistro hooks every mmap of the process reaches the kernel from libucm's raw syscall. The
     program's own leak (every 100th of its 8 KiB regions kept: 30/s, ~14.7 MB/min) is its own, found past the
     hook in the stack; only UCX's own chunks (the rcache's queue, when unbounded) stay on libucm. This keeps
-    a vLLM worker's own malloc and Python growth from being blamed on UCX (tests/test_vllm_vintage.py)."""
+    a vLLM worker's own malloc and Python growth from being blamed on UCX (tests/test_vllm_pd.py)."""
     p = spawn([leak_bin, "3000"], env={**UCX_ENV, "UCX_RCACHE_MAX_UNRELEASED": setting, "UCX_MUNMAP_LEAK_KEEP": "100"})
     rep = _hunt(p.pid, tmp_path / setting, seconds=16)
     mine = {c["library"]: c for c in rep["culprits"] if c["pid"] == p.pid}
