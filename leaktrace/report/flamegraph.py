@@ -28,21 +28,21 @@ MIN_SHARE = 1e-3  # call paths under this share of a view are merged into one "[
 MAX_PROCESS_VIEWS = 40  # the processes holding most; the "all processes" view has every one
 
 
-def _read(package: str, name: str) -> str:
-    return resources.files(package).joinpath(name).read_text(encoding="utf-8")
+def _read(folder: str, name: str) -> str:
+    """A file of the package's ``folder`` (vendor/, templates/: data folders, not Python packages)."""
+    return resources.files("leaktrace.report").joinpath(folder, name).read_text(encoding="utf-8")
 
 
 @cache
 def assets() -> Markup:
     """The style and scripts a page needs once, before any :func:`widget`: the vendored library and
     leaktrace's own flamegraph.js, inlined."""
-    vendor = "leaktrace.report.vendor"
-    js = [_read(vendor, f"{m}.min.js") for m in VENDOR_JS] + [_read(vendor, FLAMEGRAPH_JS),
-                                                              _read("leaktrace.report.templates", "flamegraph.js")]
+    js = [_read("vendor", f"{m}.min.js") for m in VENDOR_JS] + [_read("vendor", FLAMEGRAPH_JS),
+                                                                _read("templates", "flamegraph.js")]
     for text in js:
         if "</script" in text.lower():
             raise ValueError("a vendored script cannot be inlined: it holds '</script'")
-    css = _read(vendor, FLAMEGRAPH_CSS) + _OWN_CSS
+    css = _read("vendor", FLAMEGRAPH_CSS) + _OWN_CSS
     return Markup(f"<style>{css}</style>\n" + "".join(f"<script>{t}\n</script>\n" for t in js))
 
 
