@@ -68,6 +68,7 @@ def test_golden_session_as_pprof(name, tmp_path):
     assert leaf.startswith(culprit["library"] + "!") and leaf in culprit["stack"]
     assert top(profile, "inuse_objects")[0] == regions
     assert top(profile, "growth_space_per_minute")[0] == pytest.approx(culprit["mb_per_min"] * MB, abs=1)
+    (session / "pprof-top.txt").write_text(go_pprof("-top", profile))  # what a user sees, kept with the session
     raw = go_pprof("-raw", profile)
     assert "inuse_space/bytes[dflt] inuse_objects/count growth_space_per_minute/bytes" in raw
     assert f"pid:[{culprit['pid']}]" in raw and f"library:[{culprit['library']}]" in raw
@@ -106,5 +107,6 @@ def test_real_hunt_as_pprof(leaker_bin, spawn, tmp_path):
     assert top(out / "outstanding.pb.gz", "inuse_objects")[0] == regions
     raw = go_pprof("-raw", out / "outstanding.pb.gz")
     assert f"pid:[{target.pid}]" in raw and "library:[leaker]" in raw
+    (out / "pprof-top.txt").write_text(go_pprof("-top", out / "outstanding.pb.gz"))  # what a user sees, kept
     report = json.loads((out / "report.json").read_text())
     assert report["ledger"]["outstanding_bytes"] == pytest.approx(size, rel=0.05)
