@@ -119,5 +119,6 @@ def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float,
 
     out_dir = watch_dir(out)
     w = Watch(options, out_dir, log=log)
+    w.verbose = bool((click.get_current_context().find_root().obj or {}).get("verbose"))
     reason = w.run()
     click.echo(f"watch stopped: {reason}; {w.incidents_total} incident(s); {out_dir / 'watch.json'}")

@@ -78,6 +78,8 @@ class Watch:
         self._snap_lock = threading.Lock()
         self._snap: dict[str, Any] = {"procs": [], "outstanding": [], "incidents_total": 0, "cpu_s": 0.0}
         self.exporter: WatchExporter | None = None
+        self.warnings = 0
+        self.verbose = False
 
     # -- the loop
     def run(self, stop: threading.Event | None = None) -> str:
@@ -131,10 +133,11 @@ class Watch:
         root_of = self._roots_of(live)
         for pid in sorted(live - before):
             self.log(f"following pid {pid} (tree of {root_of.get(pid, pid)})")
+        # One process's failure (a report that cannot be built, a /proc race) never stops the sentinel.
         for pid in sorted(set(self.tracked) - live):
-            self._ended(pid, now)
+            self._guarded(f"pid {pid} ended", self._ended, pid, now)
         for pid in sorted(live):
-            self._judge(pid, root_of.get(pid, pid), now)
+            self._guarded(f"judging pid {pid}", self._judge, pid, root_of.get(pid, pid), now)
         for inc in list(self.running):
             if poll_deep_hunt(inc):
                 self._finished(inc)
@@ -145,6 +148,17 @@ class Watch:
         self._write_json(None)
 
     _dirty = False
+
+    def _guarded(self, what: str, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - logged with its cause; the watch goes on
+            self.warnings += 1
+            self.log(f"warning: {what}: {type(e).__name__}: {e}")
+            if self.verbose:
+                import traceback
+
+                traceback.print_exc()
 
     def _roots_of(self, live: set[int]) -> dict[int, int]:
         with self.targets.lock:
@@ -188,6 +202,13 @@ class Watch:
 
     def _ended(self, pid: int, now: float) -> None:
         tr = self.tracked.pop(pid)
+        try:
+            self._exit_incident(pid, tr, now)
+        finally:
+            self.ring.forget(pid)
+            self.selector.forget(pid)
+
+    def _exit_incident(self, pid: int, tr: Tracked, now: float) -> None:
         tables = self.ring.tables(pid)
         code = next((int(r["exit_code"]) for r in reversed(tables.get("processes") or [])
                      if r.get("event") == "exit" and r.get("exit_code") is not None and int(r["exit_code"]) >= 0),
@@ -201,8 +222,6 @@ class Watch:
             self.log(f"pid {pid} ended ({inc.exit['how'] if inc.exit else '?'}) while growing: {inc.path}")
             self._new_incident(inc)
             self._finished(inc)
-        self.ring.forget(pid)
-        self.selector.forget(pid)
 
     def _new_incident(self, inc: Incident) -> None:
         self.incidents.append(inc)
@@ -240,7 +259,8 @@ class Watch:
             if inc.status == "deleted":
                 continue
             for c in inc.culprits:
-                if c.get("library"):
+                # What a live process holds: a process that ended holds nothing any more.
+                if c.get("library") and c.get("pid") in self.tracked:
                     outstanding[(str(c.get("pid")), str(c["library"]), str(c.get("kind")))] = float(
                         c.get("outstanding_bytes") or 0)
         ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -261,7 +281,7 @@ class Watch:
             "selection": selection(self.options), "interval_s": self.options.interval, "ticks": self.ticks,
             "thresholds": {"leak_mb_per_min": self.th["leak_mb_per_min"], "confirm_s": self.options.confirm_s,
                            "deep_hunt_s": self.options.deep_hunt_s, "max_disk_mb": self.options.max_disk_mb},
-            "cpu_s": round(snap["cpu_s"], 3),
+            "cpu_s": round(snap["cpu_s"], 3), "warnings": self.warnings,
             "prometheus": None if self.exporter is None else {"addr": self.exporter.addr, "port": self.exporter.port},
             "targets": [{**{k: p[k] for k in ("pid", "root", "label", "role", "instance", "state")},
                          "rss_bytes": p["rss"], "anon_bytes": p["anon"],

@@ -112,15 +112,12 @@ def poll_deep_hunt(inc: Incident) -> bool:
     rc = inc.proc.returncode
     inc.proc = None
     logf = inc.path.parent / f".{inc.path.name}.log"
-    if rc == 0:
-        inc.read_report()
-    else:
-        lines = logf.read_text(errors="replace").strip().splitlines() if logf.exists() else []
+    lines = logf.read_text(errors="replace").strip().splitlines() if logf.exists() else []
+    logf.unlink(missing_ok=True)
+    if rc == 0 or (inc.path / "report.json").exists():
+        inc.read_report()  # a hunt that failed late may still have written its report
+    if rc != 0:
         inc.status, inc.error = "failed", (lines[-1] if lines else f"hunt exited with status {rc}")
-        if (inc.path / "meta.json").exists():
-            inc.read_report() if (inc.path / "report.json").exists() else None
-    if inc.status == "done":
-        logf.unlink(missing_ok=True)
     return True
 
 
@@ -168,8 +165,8 @@ def write_exit_incident(out: Path, pid: int, root: int, t: float, tables: dict[s
                      warnings=[], labels={})
         render_session(path, formats=formats)
         inc.read_report()
-    except (LeaktraceError, OSError, ValueError) as e:
-        inc.status, inc.error = "failed", str(e)
+    except Exception as e:  # noqa: BLE001 - a session that cannot be written or read is a failed incident
+        inc.status, inc.error = "failed", f"{type(e).__name__}: {e}" if not isinstance(e, LeaktraceError) else str(e)
     return inc
 
 
