@@ -1,7 +1,9 @@
-"""Outstanding bytes by stack: folded stacks (FlameGraph / speedscope input) and an inline SVG flame graph.
+"""Outstanding bytes by stack: folded stacks (FlameGraph / speedscope input), an inline SVG flame graph, and
+the sites (:func:`sites`: bytes, regions, culprit and its growth share by process and stack) that the
+interactive flame graph (leaktrace.report.flamegraph) and the pprof profile (leaktrace.report.pprof) draw on.
 
-Stacks come, best first, from the eBPF ledger's per-stack outstanding bytes (``outstanding_by_stack``
-in leaktrace.analysis.ledger, when that exists), else from the culprits' stacks, else — watcher only —
+Stacks come, best first, from the eBPF ledger's outstanding regions by stack (``ledger_stacks`` and
+``ledger_sites`` in leaktrace.analysis.figures), else from the culprits' stacks, else — watcher only —
 from growth by process and memory class (then the frames are ``process;[class]``, not call paths, and
 the report says so).
 """
