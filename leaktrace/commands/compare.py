@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from leaktrace.commands import format_option
@@ -34,9 +36,13 @@ def compare(before: str, after: str, out: str | None, formats: tuple[str, ...]) 
 
     cmp = compare_dirs(absolute(before), absolute(after))
     out_dir = absolute(out) if out else absolute(after)
+    # compare.html shows both hunts' flame graphs: their views are built here, from each hunt's report and
+    # session, and handed to the reporters (which never reopen a session).
+    hunts = ({side: _hunt_views(cmp[side]["path"]) for side in ("before", "after")}
+             if "html" in COMPARE_FORMATS.selected(formats) else None)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        COMPARE_FORMATS.write(cmp, out_dir, formats)
+        COMPARE_FORMATS.write(cmp, out_dir, formats, hunts)
     except OSError as e:
         from leaktrace.errors import OutputNotWritable
 
@@ -46,3 +52,23 @@ def compare(before: str, after: str, out: str | None, formats: tuple[str, ...]) 
         click.echo(f"  {r['status']:<8} {r['role']}/{r['kind']} {r['label']}: "
                    f"{r['before_mb_per_min']:.2f} → {r['after_mb_per_min']:.2f} MB/min")
     click.echo(f"compare: {out_dir / 'compare.json'}")
+
+
+def _hunt_views(path: str) -> list[dict[str, Any]]:
+    """The flame graph views of one compared hunt: its report.json (else the report built from its session)
+    and the figures of its session when it has one; a hunt that cannot be read gets none (the comparison
+    stands without them)."""
+    from leaktrace.analysis.compare import load_report
+    from leaktrace.analysis.figures import build_figures
+    from leaktrace.report import flamegraph
+    from leaktrace.session import SessionReader
+
+    try:
+        report, d = load_report(path)
+    except Exception:  # noqa: BLE001 - the flame graphs are a view
+        return []
+    try:
+        figures = build_figures(SessionReader(d))
+    except Exception:  # noqa: BLE001 - no (readable) session: the culprits' stacks only
+        figures = None
+    return flamegraph.views(report, figures)

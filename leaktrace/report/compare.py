@@ -49,31 +49,13 @@ def render_markdown(cmp: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def hunt_views(path: str) -> list[dict[str, Any]]:
-    """The flame graph views of one compared hunt. The comparison holds only the hunts' paths, so their
-    report and figures are asked of the analysis here (its report.json, else the one built from its session;
-    the figures when it holds a session); a hunt that has neither gets none."""
-    from leaktrace.analysis.compare import load_report
-    from leaktrace.analysis.figures import build_figures
-    from leaktrace.session import SessionReader
-
-    try:
-        report, d = load_report(path)
-    except Exception:  # noqa: BLE001 - the flame graphs are a view: the comparison stands without them
-        return []
-    try:
-        figures = build_figures(SessionReader(d))
-    except Exception:  # noqa: BLE001 - no (readable) session: the culprits' stacks only
-        figures = None
-    return flamegraph.views(report, figures)
-
-
 def render_html(cmp: dict[str, Any], hunts: dict[str, list[dict[str, Any]]] | None = None) -> str:
-    """``hunts``: the flame graph views of "before" and "after" (default: :func:`hunt_views` of their paths)."""
+    """``hunts``: the flame graph views of "before" and "after" (leaktrace.report.flamegraph.views of each
+    hunt's report and figures, built by the caller from the hunts: a reporter never reopens a session);
+    without them the page has no flame graphs."""
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    if hunts is None:
-        hunts = {side: hunt_views(cmp[side]["path"]) for side in ("before", "after")}
+    hunts = hunts or {}
     flames = {side: flamegraph.widget(f"flamegraph-{side}", hunts.get(side) or []) for side in ("before", "after")}
     env = Environment(loader=PackageLoader("leaktrace.report", "templates"),
                       autoescape=select_autoescape(["html", "j2"]))
@@ -84,4 +66,4 @@ def render_html(cmp: dict[str, Any], hunts: dict[str, list[dict[str, Any]]] | No
 
 JSON_REPORTER = JsonReporter("compare.json", "compare")
 MARKDOWN_REPORTER = TextReporter("md", "compare.md", lambda cmp, _figures: render_markdown(cmp))
-HTML_REPORTER = TextReporter("html", "compare.html", lambda cmp, _figures: render_html(cmp))
+HTML_REPORTER = TextReporter("html", "compare.html", lambda cmp, hunts: render_html(cmp, hunts))

@@ -26,13 +26,14 @@ if TYPE_CHECKING:
 
 class Reporter(Protocol):
     """Writes one format of a document into ``out_dir`` and returns the file written. ``figures`` are what
-    the analysis took from the session besides the document (time series, stacks), for the reporters
-    that plot; the others ignore them. A reporter renders what it is given and never reopens a session."""
+    the analysis took besides the document, for the reporters that plot (a hunt's Figures: time series,
+    stacks; a comparison's: each hunt's flame graph views); the others ignore them. A reporter renders what it is given and never reopens a session."""
 
     name: str  # the format's name in --format
     filename: str  # the file it writes in out_dir
 
-    def write(self, doc: Mapping[str, Any], out_dir: Path, figures: Figures | None = None) -> Path: ...
+    def write(self, doc: Mapping[str, Any], out_dir: Path,
+              figures: Figures | Mapping[str, Any] | None = None) -> Path: ...
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,10 @@ class TextReporter:
 
     name: str
     filename: str
-    render: Callable[[Mapping[str, Any], Figures | None], str]
+    render: Callable[[Mapping[str, Any], Any], str]
 
-    def write(self, doc: Mapping[str, Any], out_dir: Path, figures: Figures | None = None) -> Path:
+    def write(self, doc: Mapping[str, Any], out_dir: Path,
+              figures: Figures | Mapping[str, Any] | None = None) -> Path:
         return atomic_write_text(Path(out_dir) / self.filename, self.render(doc, figures))
 
 
@@ -78,7 +80,7 @@ class Formats:
         return self.reporters[name]()
 
     def write(self, doc: Mapping[str, Any], out_dir: Path, names: Iterable[str],
-              figures: Figures | None = None) -> list[Path]:
+              figures: Figures | Mapping[str, Any] | None = None) -> list[Path]:
         return [self.reporter(n).write(doc, Path(out_dir), figures) for n in self.selected(names)]
 
 
