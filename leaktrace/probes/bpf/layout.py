@@ -14,6 +14,8 @@ EV_HOOKWIN = 12  # a window of a hooked mmap to learn the hook's frames from (no
 EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
                EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect",
                EV_SHMAT: "shmat", EV_SHMDT: "shmdt", EV_HOOKWIN: "hookwin"}
+# The events that carry the call site of their syscall (its caller, the stack key of what it accounts).
+SITE_EVENTS = frozenset({EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT})
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status

@@ -38,18 +38,7 @@ from leaktrace import procfs
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
-from leaktrace.probes.bpf.layout import (
-    EV_BRK,
-    EV_FORK,
-    EV_MMAP,
-    EV_MPROTECT,
-    EV_MREMAP,
-    EV_MUNMAP,
-    EV_SHMAT,
-    EV_SHMDT,
-    EVENT_NAMES,
-    Event,
-)
+from leaktrace.probes.bpf.layout import EV_FORK, EVENT_NAMES, SITE_EVENTS, Event
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.stackscan import StackScanner
 
@@ -109,7 +98,7 @@ class SnapshotRows:
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
 
     def event_row(self, e: Event) -> dict[str, Any]:
-        has_site = e.type in (EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT)
+        has_site = e.type in SITE_EVENTS
         return {"t": self._t(e.seq), "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
                 "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
                 "new_len": _i64(e.new_len), "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd),
