@@ -11,11 +11,15 @@ from pathlib import Path
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
     except OSError:

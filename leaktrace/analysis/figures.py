@@ -60,20 +60,13 @@ def ledger_by_library(reader: TableSource, top: int = 8) -> pd.DataFrame | None:
 
 def ledger_stacks(reader: TableSource) -> Stacks:
     """Outstanding regions the bpf probe wrote at stop (``ledger_regions``, not pre-existing ones) by
-    call stack (``bpf_stacks``). Absent when the hunt was killed before the probe stopped."""
-    if reader is None:
-        return []
-    regs = reader.table("ledger_regions")
-    if regs.empty:
-        return []
-    regs = regs[~regs["preexisting"].astype(bool)]
-    frames = stack_frames(reader)
-    out: Stacks = []
-    by = regs.groupby(["pid", "stack_key", "library"], dropna=False)["size"].sum()
-    for (pid, skey, lib), size in by.items():
-        stack = frames.get(str(skey)) or ([f"{lib} (no stack)"] if lib else [str(skey)])
-        out.append(([f"pid {pid}"] + [clean_frame(f) for f in reversed(stack)], int(size)))
-    return out
+    call stack (``bpf_stacks``): :func:`ledger_sites` summed over their kinds. Absent when the hunt was
+    killed before the probe stopped."""
+    out: dict[tuple[str, ...], int] = {}
+    for s in ledger_sites(reader):
+        key = (f"pid {s.pid}", *s.frames)
+        out[key] = out.get(key, 0) + s.bytes
+    return [(list(k), n) for k, n in out.items()]
 
 
 def ledger_sites(reader: TableSource) -> list[LedgerSite]:

@@ -16,7 +16,6 @@ The message layout is written here from the public description of pprof's profil
 from __future__ import annotations
 
 import gzip
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from leaktrace.atomic import atomic_write_bytes
 from leaktrace.report.flame import Site, process_names, sites
 
 if TYPE_CHECKING:
@@ -222,19 +222,7 @@ class PprofReporter:
     filename = "outstanding.pb.gz"
 
     def write(self, doc: Mapping[str, Any], out_dir: Path, figures: Figures | None = None) -> Path:
-        path = Path(out_dir) / self.filename
-        data = render(doc, figures)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # atomic, as leaktrace.atomic for text
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, path)
-        return path
+        return atomic_write_bytes(Path(out_dir) / self.filename, render(doc, figures))
 
 
 REPORTER = PprofReporter()
