@@ -139,6 +139,9 @@ def test_watch_end_to_end(tmp_path, spawn, target_bin):
     proc = next(p for p in erep["processes"] if p["pid"] == grower.pid)
     assert proc["exit"]["how"] == "exited" and proc["exit"]["status"] == 3, proc
     assert proc["rss_mb_per_min"] > 50
+    # The watch's own eBPF ledger followed it: the library that mapped what it held at its end.
+    assert erep["culprits"] and erep["culprits"][0]["library"] == LIB, erep["culprits"][:2]
+    assert erep["culprits"][0]["outstanding_bytes"] > 4 << 20
     r = run_cli("report", epath, "--format", "json")
     assert r.returncode == 0, r.stderr
     assert churner.popen.poll() is None

@@ -79,6 +79,7 @@ class Watch:
         self._snap: dict[str, Any] = {"procs": [], "outstanding": [], "incidents_total": 0, "cpu_s": 0.0}
         self.exporter: WatchExporter | None = None
         self.warnings = 0
+        self.bpf: Any = None
         self.verbose = False
 
     # -- the loop
@@ -95,6 +96,8 @@ class Watch:
                 self.exporter.start()
                 self.log(f"Prometheus metrics on http://{self.exporter.addr}:{self.exporter.port}/metrics")
             self.watcher.start(self.ctx)
+            if self.options.bpf:
+                self._start_bpf()
             t_end = None if self.options.duration is None else self.ring.now() + self.options.duration
             next_tick = self.ring.now()
             while True:
@@ -114,6 +117,8 @@ class Watch:
             for inc in list(self.running):
                 stop_deep_hunt(inc)
                 self._finished(inc)
+            if self.bpf is not None:
+                self._guarded("stopping the eBPF probe", self.bpf.stop)
             self.stop_reason = reason
             self._write_json(reason)
             if self.exporter is not None:
@@ -130,6 +135,8 @@ class Watch:
         before = set(self.targets.live())
         self.watcher.tick(now)
         live = set(self.targets.live())
+        if self.bpf is not None:
+            self._guarded("eBPF snapshot", self.bpf.tick, now)  # exits applied before they are handled
         root_of = self._roots_of(live)
         for pid in sorted(live - before):
             self.log(f"following pid {pid} (tree of {root_of.get(pid, pid)})")
@@ -148,6 +155,23 @@ class Watch:
         self._write_json(None)
 
     _dirty = False
+
+    def _start_bpf(self) -> None:
+        """The in-kernel ledger (the eBPF probe of `hunt`): outstanding bytes by library and call site of
+        every followed process, live on /metrics and kept in exit incidents. Unavailable, the watch goes on
+        with /proc alone and says so."""
+        from leaktrace.errors import LeaktraceError
+        from leaktrace.probes.bpf.probe import BpfProbe
+        from leaktrace.tracefs import ensure_mounted
+
+        try:
+            ensure_mounted()
+            probe = BpfProbe(self.ctx.options)
+            probe.start(self.ctx)
+        except (LeaktraceError, OSError) as e:
+            self.log(f"warning: eBPF ledger off (the watch goes on with /proc): {e}")
+            return
+        self.bpf = probe
 
     def _guarded(self, what: str, fn: Callable[..., None], *args: Any) -> None:
         try:
@@ -205,15 +229,26 @@ class Watch:
         try:
             self._exit_incident(pid, tr, now)
         finally:
-            self.ring.forget(pid)
-            self.selector.forget(pid)
+            self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        self.ring.forget(pid)
+        self.selector.forget(pid)
+        if self.bpf is not None:  # the symbolizer keeps an exited process's maps for a hunt's final stacks
+            self.bpf.symbols.forget(pid)
+            self.bpf.libraries.forget(pid)
 
     def _exit_incident(self, pid: int, tr: Tracked, now: float) -> None:
         tables = self.ring.tables(pid)
+        if tables.get("ledger_snapshots"):
+            tables["bpf_counters"] = self.ring.tables(-1).get("bpf_counters") or []
         code = next((int(r["exit_code"]) for r in reversed(tables.get("processes") or [])
                      if r.get("event") == "exit" and r.get("exit_code") is not None and int(r["exit_code"]) >= 0),
                     None)
-        oom = oom_killed(pid)
+        kx = (tables.get("ledger_exits") or [None])[-1]  # the kernel's word on the exit, when the probe ran
+        if kx is not None:
+            code = int(kx["exit_code"]) if int(kx["exit_code"]) >= 0 else code
+        oom = bool(kx and kx.get("oom")) or oom_killed(pid)
         self.exited.append({"pid": pid, "t": round(now, 3), "exit_code": code, "oom": oom, "grew": tr.grew})
         if tr.grew or tr.confirmed or oom:
             meta = {"selection": selection(self.options), "interval": self.options.interval,
@@ -254,14 +289,22 @@ class Watch:
                           "rss_per_s": tr.j.rss_per_s, "anon_per_s": tr.j.anon_per_s,
                           "state": ("confirmed" if tr.confirmed else "leaking" if tr.leaking_since is not None
                                     else "growing" if tr.j.growing else "ok")})
+        # Outstanding bytes by library: the watch's own eBPF ledger (since it attached) where it runs, else
+        # the ledger of the process's deep hunt (what was mapped during that hunt).
         outstanding: dict[tuple[str, str, str], float] = {}
+        live_ledger = set()
+        for pid in self.tracked:
+            for r in self.ring.latest("ledger_snapshots", pid):
+                outstanding[(str(pid), str(r["library"]), str(r["kind"]))] = float(r["outstanding_bytes"])
+                live_ledger.add(pid)
         for inc in self.incidents:
             if inc.status == "deleted":
                 continue
             for c in inc.culprits:
                 # What a live process holds: a process that ended holds nothing any more.
-                if c.get("library") and c.get("pid") in self.tracked:
-                    outstanding[(str(c.get("pid")), str(c["library"]), str(c.get("kind")))] = float(
+                pid = c.get("pid")
+                if c.get("library") and pid in self.tracked and pid not in live_ledger:
+                    outstanding[(str(pid), str(c["library"]), str(c.get("kind")))] = float(
                         c.get("outstanding_bytes") or 0)
         ru = resource.getrusage(resource.RUSAGE_SELF)
         snap = {"procs": procs, "outstanding": [(*k, v) for k, v in outstanding.items()],

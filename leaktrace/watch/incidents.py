@@ -137,7 +137,23 @@ def stop_deep_hunt(inc: Incident) -> None:
 
 
 def _rebased(rows: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
-    return [{**r, "t": float(r["t"]) - t0} for r in rows if "t" in r]
+    """Rows on the incident's clock (its first sample at 0); rows from before that dropped."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        if "t" in r:
+            r["t"] = float(r["t"]) - t0
+            if r["t"] < 0:
+                continue
+        if r.get("t_born") is not None and r["t_born"] == r["t_born"]:  # NaN: mapped before the probe
+            r["t_born"] = float(r["t_born"]) - t0
+        out.append(r)
+    return out
+
+
+# The tables of a process kept by the watch: the watcher's, and the eBPF probe's when it ran.
+TABLES = ("processes", "rollup", "class_usage", "region_events", "regions", "ledger_snapshots", "ledger_exits",
+          "ledger_regions", "bpf_stacks", "bpf_counters")
 
 
 def write_exit_incident(out: Path, pid: int, root: int, t: float, tables: dict[str, list[dict[str, Any]]],
@@ -155,7 +171,7 @@ def write_exit_incident(out: Path, pid: int, root: int, t: float, tables: dict[s
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = SessionWriter(path, meta={"target": {"pids": [pid], "processes": [{"pid": pid}]},
                                            "attach_s": 0.0, "watch": {**watch_meta, "exit": ex, "root": root}})
-        for table in ("processes", "rollup", "class_usage", "region_events", "regions"):
+        for table in TABLES:
             rows = _rebased(tables.get(table) or [], t0)
             if table == "processes" and oom:
                 rows = [{**r, "exit_code": 9} if r.get("event") == "exit" else r for r in rows]

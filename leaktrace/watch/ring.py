@@ -11,7 +11,10 @@ from typing import Any
 
 # Rows kept per process and table. rollup: one a tick (720 = 2 h at the default 10 s interval); the
 # full-smaps tables grow by a snapshot every smaps_every ticks.
-LIMITS = {"rollup": 720, "class_usage": 600, "region_events": 2000, "processes": 16}
+# The eBPF probe's: ledger_snapshots a row per (library, kind) a tick; ledger_regions and bpf_stacks come
+# whole at a process's exit (its regions and their call sites), kept until its incident is written.
+LIMITS = {"rollup": 720, "class_usage": 600, "region_events": 2000, "processes": 16, "ledger_snapshots": 5000,
+          "ledger_regions": 50_000, "bpf_stacks": 5000, "ledger_exits": 4, "bpf_counters": 200}
 DEFAULT_LIMIT = 500
 
 
@@ -51,6 +54,23 @@ class RingSession:
                     if key == "regions_first" and key in per:
                         continue
                     per[key] = batch
+
+    def flush(self) -> None:
+        """Nothing to flush: rows live in memory."""
+
+    def latest(self, table: str, pid: int) -> list[dict[str, Any]]:
+        """The rows of ``pid``'s last snapshot in ``table`` (those with the last row's t)."""
+        with self._lock:
+            dq = self._rows.get(pid, {}).get(table)
+            if not dq:
+                return []
+            t = dq[-1]["t"]
+            out = []
+            for r in reversed(dq):
+                if r["t"] != t:
+                    break
+                out.append(r)
+        return out
 
     def pids(self) -> list[int]:
         with self._lock:
