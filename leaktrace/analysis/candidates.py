@@ -15,6 +15,7 @@ from leaktrace.analysis.growth import MB, class_rate_table
 # The verdict's thresholds and per-process rules (analysis/leaking.py), re-exported where candidates are made.
 from leaktrace.analysis.leaking import (  # noqa: F401
     THRESHOLDS,
+    clears,
     is_doubtful,
     is_leaking,
     is_short_lived,
@@ -165,8 +166,11 @@ def ucx_effective(reader: TableSource, pid: int) -> str | None:
 
 
 def ledger_candidates(reader: TableSource, info: dict[int, dict[str, Any]], warnings: list[str],
-                      th: dict[str, float] = THRESHOLDS) -> tuple[list[Candidate], bool]:
-    """(candidates named by the eBPF ledger, whether the ledger ran)."""
+                      th: dict[str, float] = THRESHOLDS,
+                      stopping: dict[int, str] | None = None) -> tuple[list[Candidate], bool]:
+    """(candidates named by the eBPF ledger, whether the ledger ran). A growth at the leak rate whose rate
+    does not clear the threshold with its uncertainty is none; one that stopped too late in the window to
+    tell goes into ``stopping`` (pid -> its evidence line), for an inconclusive verdict."""
     if not any(t.startswith("ledger") for t in reader.tables()):
         return [], False
     try:
@@ -177,7 +181,12 @@ def ledger_candidates(reader: TableSource, info: dict[int, dict[str, Any]], warn
     out = []
     for c in found:
         mbm = float(c.get("mb_per_min") or 0.0)
-        if mbm < th["ledger_mb_per_min"] or float(c.get("confidence", 1.0)) < th["min_confidence"]:
+        if c.get("stopping") and stopping is not None:
+            raw = float(c.get("raw_mb_per_min") or 0.0)
+            if raw >= th["ledger_mb_per_min"]:
+                stopping.setdefault(int(c.get("pid", -1)), f"{c.get('library')}: {c.get('stop_evidence')}")
+        significant = c.get("short_lived") or clears(c.get("lower_mb_per_min"), th["ledger_mb_per_min"])
+        if mbm < th["ledger_mb_per_min"] or float(c.get("confidence", 1.0)) < th["min_confidence"] or not significant:
             continue
         pid = int(c.get("pid", -1))
         p = info.get(pid, {})

@@ -11,7 +11,7 @@ Candidates live in ``candidates``, rules in ``rules``, ``first_named_s`` in ``fi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -97,6 +97,7 @@ class Findings:
     leaking_pids: set[int]
     doubtful_pids: set[int]
     pyheap: dict[int, dict[str, Any]]
+    stopping: dict[int, str] = field(default_factory=dict)  # pid -> a ledger growth that stopped too late to tell
 
 
 def _order(culprits: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -144,7 +145,8 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     info = info if info is not None else process_info(reader)
     warnings = warnings if warnings is not None else []
     rules = rules if rules is not None else load_rules()
-    ledger, ledger_ran = ledger_candidates(reader, info, warnings, th)
+    stopping: dict[int, str] = {}
+    ledger, ledger_ran = ledger_candidates(reader, info, warnings, th, stopping)
     _add_gdb_stacks(reader, ledger, warnings)
     pyheap = pyheap_growth(reader)
     types = type_growth(reader)
@@ -158,8 +160,8 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     cands = ledger + python + watcher
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
-    doubtful = {int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} - leaking
-    return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap)
+    doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} | set(stopping)) - leaking
+    return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap, stopping)
 
 
 def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings: list[str]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.candidates import THRESHOLDS, is_leaking, ledger_candidates, process_info
+from leaktrace.analysis.candidates import THRESHOLDS, clears, is_leaking, ledger_candidates, process_info
 from leaktrace.analysis.growth import process_rates
 from leaktrace.analysis.load import requests_by_pid
 from leaktrace.session import TableSource
@@ -40,7 +40,8 @@ def _first_named_from_snapshots(snaps: pd.DataFrame, c: dict[str, Any], th: dict
         if i < 2:
             return False
         r = rate(t[: i + 1], y[: i + 1], warmup_s=0.0, work=work)
-        return r.steady_mb_per_min >= th["ledger_mb_per_min"] and r.confidence >= th["min_confidence"]
+        return (r.steady_mb_per_min >= th["ledger_mb_per_min"] and r.confidence >= th["min_confidence"]
+                and clears(r.lower_mb_per_min, th["ledger_mb_per_min"]))
 
     # A scan from the start, not a binary search: for a leak that follows traffic, whether a prefix names it
     # is not monotone (a lull mid-hunt makes the prefixes ending in it read as a plateau forming), and a

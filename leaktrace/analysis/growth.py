@@ -34,6 +34,10 @@ growth with it (a leak per request under a load that varies: UCX's queue grows p
 with requests). The rate is then the whole series' Theil–Sen slope (the mean rate under the hunt's load). A
 warm-up under steady traffic still reads as one: its growth per request falls.
 
+**stopped**, **significance** and **bursty accumulation**: see ``analysis/series.py`` (growth that stopped
+inside the window is no leak; a rate's interval from the series' own noise; the mean rate of a series that
+only accumulates, in bursts).
+
 Why thirds and not a fitted model: over a minute, a saturating exponential, a 1/t slowdown and a warm-up
 on top of a linear leak all fit within noise; what tells them apart is whether the rate is *still falling
 at the end*. A slow warm-up on top of a leak may read as decelerating: it then reads inconclusive, never
@@ -47,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from leaktrace.analysis.series import INTERVAL_Z, Stop, bursty_rate, growth_stop, rate_interval
 from leaktrace.slope import theil_sen
 
 MB = 1024 * 1024
@@ -79,6 +84,8 @@ LOAD_FOLLOW_SHARE = 0.6
 # The rate the thirds converge to (exponential excess over a constant) at least this share of the last
 # third's: the slowing is over, what grows on is steady.
 SUSTAINED_SHARE = 0.9
+# A shape (warm-up, decelerating) needs its first and last thirds' rates this many standard errors apart.
+SHAPE_Z = 2.576
 
 
 @dataclass
@@ -100,16 +107,17 @@ class Shape:
         return self.thirds_per_s[2] * 60.0 / MB
 
 
-def growth_shape(t: np.ndarray, y: np.ndarray) -> Shape | None:
+def growth_shape(t: np.ndarray, y: np.ndarray, mean_thirds: bool = False) -> Shape | None:
     """Steady, decelerating (a plateau forming) or a warm-up then steady: see the module docstring. None
-    when the series is too short to tell, or does not grow at first."""
+    when the series is too short to tell, or does not grow at first. ``mean_thirds``: each third's rate is
+    its mean increment (a bursty accumulation's), not its robust slope."""
     t = np.asarray(t, dtype=float)
     y = np.asarray(y, dtype=float)
     if len(t) < SHAPE_MIN_SAMPLES or t[-1] - t[0] < SHAPE_MIN_SPAN_S:
         return None
     w = (t[-1] - t[0]) / 3.0
     edges = (t[0], t[0] + w, t[0] + 2 * w, t[-1])
-    s, conf1, rise1 = [], 0.0, 0.0
+    s, se, conf1, rise1 = [], [], 0.0, 0.0
     for k in range(3):
         sel = (t >= edges[k]) & (t <= edges[k + 1])
         if sel.sum() < 3:
@@ -120,11 +128,20 @@ def growth_shape(t: np.ndarray, y: np.ndarray) -> Shape | None:
         if rise > 0 and rise >= SHAPE_JUMP_SHARE * rise1 and float(np.max(np.abs(np.diff(ys)))) >= SHAPE_JUMP_SHARE * rise:
             return None  # this third moves by one jump: growth in chunks this coarse has no shape to read
         slope, conf = theil_sen(t[sel], ys)
+        if mean_thirds:
+            ts = t[sel]
+            slope = float(ys[-1] - ys[0]) / float(ts[-1] - ts[0]) if ts[-1] > ts[0] else slope
         s.append(slope)
+        upper = rate_interval(t[sel], ys, slope)[1]
+        se.append((upper - slope) / INTERVAL_Z if np.isfinite(upper) else 0.0)
         conf1 = conf if k == 0 else conf1
     s1, s2, s3 = s
     thirds = (s1, s2, s3)
     if s1 <= 0 or conf1 < SHAPE_FIRST_CONFIDENCE:  # no clear growth at first: nothing slows down
+        return Shape("steady", thirds, edges[1])
+    if s1 - s3 < SHAPE_Z * float(np.hypot(se[1], se[2])):
+        # the first third's rate exceeds the last's by less than the noise of the later thirds' (the steady
+        # part a shape is read against; a knee inside the first third makes its own noise no reference)
         return Shape("steady", thirds, edges[1])
     sustained = sustained_rate(s1, s2, s3)
     falling = s3 <= DECEL_LAST_SHARE * s1 and s2 <= DECEL_STILL_FALLING * s1 and s3 <= DECEL_STILL_FALLING * s2
@@ -156,7 +173,7 @@ def sustained_rate(s1: float, s2: float, s3: float) -> float:
 
 @dataclass
 class Rate:
-    per_s: float  # units per second (Theil–Sen slope after the warm-up cut)
+    per_s: float  # units per second (Theil–Sen slope after the warm-up cut, or a bursty series' mean)
     confidence: float  # 0..1: fraction of pairwise slopes with the sign of the estimate
     n: int  # samples used
     span_s: float  # seconds covered by the samples used
@@ -164,19 +181,33 @@ class Rate:
     step_bytes: float = 0.0  # size of the largest jump (units)
     rise: float = 0.0  # last minus first (units), for the reader's sanity check
     shape: Shape | None = None  # steady / decelerating / warm-up (None: too short to tell)
+    lower_per_s: float = -np.inf  # the rate's interval from the series' own noise (rate_interval)
+    upper_per_s: float = np.inf
+    stop: Stop | None = None  # the growth stopped inside the window (growth_stop)
+    estimator: str = "theil-sen"  # or "mean-increment" (a bursty accumulation)
 
     @property
     def decelerating(self) -> bool:
         return self.shape is not None and self.shape.kind == "decelerating"
 
     @property
+    def bounded(self) -> bool:
+        """The growth stopped early enough in the window to call it a plateau."""
+        return self.stop is not None and self.stop.bounded
+
+    @property
     def mb_per_min(self) -> float:
         return self.per_s * 60.0 / MB
 
     @property
+    def lower_mb_per_min(self) -> float:
+        return self.lower_per_s * 60.0 / MB
+
+    @property
     def steady_mb_per_min(self) -> float:
-        """The rate as a leak figure: 0 when the rise is a step or a plateau forming (decelerating)."""
-        return 0.0 if self.step or self.decelerating else self.mb_per_min
+        """The rate as a leak figure: 0 when the rise is a step, a plateau forming (decelerating) or growth
+        that stopped inside the window."""
+        return 0.0 if self.step or self.decelerating or self.stop is not None else self.mb_per_min
 
 
 def warmup_cut(t: np.ndarray, warmup_s: float | None = None) -> float:
@@ -238,17 +269,37 @@ def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float |
         t, y = t[keep], y[keep]
     slope, conf = theil_sen(t, y)
     step, jump = _is_step(t, y, slope)
-    shape = growth_shape(t, y) if not step else None
+    mean = bursty_rate(t, y, slope) if not step and len(t) >= 2 else None
+    shape = growth_shape(t, y, mean_thirds=mean is not None) if not step else None
     if shape is not None and work is not None and shape.kind in ("decelerating", "warm-up"):
         per_work = load_following(t, shape, work)
         if per_work is not None:  # the traffic slowed, the growth with it: the whole series' rate stands
             shape = Shape("load-following", shape.thirds_per_s, shape.t_split, work_per_s=per_work)
+    fit = np.ones(len(t), dtype=bool)
+    estimator = "theil-sen"
     if shape is not None and shape.kind == "warm-up":
         # the warm-up is over: the rate is the last thirds' (a leak on top of a warm-up keeps its rate)
-        late = t >= shape.t_split
-        slope, conf = shape.rate_per_s, theil_sen(t[late], y[late])[1]
+        fit = t >= shape.t_split
+        slope, conf = shape.rate_per_s, theil_sen(t[fit], y[fit])[1]
+    elif mean is not None:
+        slope, estimator = mean, "mean-increment"
+    lower, upper = rate_interval(t[fit], y[fit], slope) if fit.sum() >= 2 else (-np.inf, np.inf)
+    stop = growth_stop(t, y, work) if not step else None
     return Rate(slope, conf, len(t), float(t[-1] - t[0]) if len(t) else 0.0, step, jump,
-                float(y[-1] - y[0]) if len(y) else 0.0, shape)
+                float(y[-1] - y[0]) if len(y) else 0.0, shape, lower, upper, stop, estimator)
+
+
+def stop_evidence(r: Rate, unit_mb: bool = True) -> str | None:
+    """One line on growth that stopped inside the window (None when it did not)."""
+    st = r.stop
+    if st is None:
+        return None
+    size = f"{st.level / MB:.0f} MB" if unit_mb else f"{st.level:,.0f}"
+    if st.bounded:
+        return (f"bounded: plateau of {size} since t={st.t_stop:.0f} s (no growth for the last {st.pause_s:.0f} s "
+                f"of the window, after growing {st.grew_mb_per_min:.1f} MB/min): not a leak")
+    return (f"growth stopped at t={st.t_stop:.0f} s at {size}, {st.pause_s:.0f} s before the end of the window: "
+            "too late to tell a plateau from a pause (hunt longer)")
 
 
 def shape_evidence(r: Rate, unit_mb: bool = True) -> str | None:
@@ -288,6 +339,11 @@ def process_rates(rollup: pd.DataFrame, warmup_s: float | None = None) -> pd.Dat
             row[f"{col}_decelerating"] = r.decelerating
             row[f"{col}_last_mb_per_min"] = r.shape.last_mb_per_min if r.shape is not None else r.mb_per_min
             row[f"{col}_shape_evidence"] = shape_evidence(r)
+            row[f"{col}_lower_mb_per_min"] = r.lower_mb_per_min
+            row[f"{col}_stop"] = ("bounded" if r.bounded else "stopping") if r.stop is not None else None
+            row[f"{col}_stop_evidence"] = stop_evidence(r)
+            row[f"{col}_stop_grew_mb_per_min"] = r.stop.grew_mb_per_min if r.stop is not None else 0.0
+            row[f"{col}_stop_rise_share"] = r.stop.rise / r.stop.level if r.stop is not None and r.stop.level > 0 else 0.0
         row["rss_first_mb"] = float(g["rss"].iloc[0]) / MB
         row["rss_last_mb"] = float(g["rss"].iloc[-1]) / MB
         row["anon_last_mb"] = float(g["anon"].iloc[-1]) / MB

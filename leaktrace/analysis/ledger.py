@@ -4,16 +4,22 @@
 outstanding mappings grow, with their rate (Theil–Sen over the per-tick ledger snapshots), the bytes
 still outstanding at the end, and the call stack holding most of them. Mappings that existed before
 tracing began are never blamed (the probe does not count them in snapshots).
+
+A library's growth is the **net** change of what the process holds through it: the anonymous mappings it
+made since attach, less the pre-existing anonymous memory it unmapped since (:func:`replaced_preexisting`).
+A churner whose live set was mapped before attach replaces it with new mappings: "mapped since attach and
+still held" rises to the live set while the total does not grow.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.growth import MB, Rate, rate, shape_evidence
+from leaktrace.analysis.growth import MB, Rate, rate, shape_evidence, stop_evidence
 from leaktrace.analysis.load import requests_by_pid
 from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
@@ -116,6 +122,89 @@ def _birth_series(regions: pd.DataFrame, pid: int, library: str | None, kind: st
     return grid, y, len(mine)
 
 
+PAGE = 4096
+REPLACED_COLUMNS = ["t", "bytes", "library"]
+
+
+def _library_at(maps: pd.DataFrame, addr: int) -> str:
+    """The file name of the mapping (sorted by start, with a path) that holds ``addr``; "?" when none."""
+    i = int(np.searchsorted(maps["start"].to_numpy(dtype=np.int64), addr, side="right")) - 1
+    if i < 0 or addr >= int(maps["end"].iloc[i]):
+        return "?"
+    return os.path.basename(str(maps["path"].iloc[i]))
+
+
+def replaced_preexisting(reader: TableSource, pid: int) -> pd.DataFrame:
+    """Each release, since attach, of anonymous memory that existed before it: (t, bytes, library of the
+    call site that unmapped it). The pre-existing anonymous mappings are the watcher's first full snapshot
+    of the process; each of their pages counts once, at the first traced munmap that covers it (its
+    address may be reused by a new mapping later). Munmaps of memory the kernel side does not know
+    (pre-existing) always reach the event stream."""
+    regions, events = reader.table("regions"), reader.table("bpf_events")
+    empty = pd.DataFrame(columns=REPLACED_COLUMNS)
+    if regions.empty or events.empty:
+        return empty
+    mine = regions[regions["pid"] == pid]
+    first = mine[mine["snapshot"] == "first"]
+    pre = first[first["cls"] == "anon"].sort_values("start")
+    un = events[(events["pid"] == pid) & (events["type"] == "munmap") & (events["result"] == 0)]
+    if pre.empty or un.empty:
+        return empty
+    starts = pre["start"].to_numpy(dtype=np.int64)
+    ends = pre["end"].to_numpy(dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum((ends - starts) // PAGE)])
+    held = np.ones(int(base[-1]), dtype=bool)
+    un = un.sort_values("t")
+    a = un["addr"].to_numpy(dtype=np.int64)
+    b = a + (un["len"].to_numpy(dtype=np.int64) + PAGE - 1) // PAGE * PAGE
+    first_after = np.searchsorted(ends, a, side="right")
+    hit = (first_after < len(starts)) & (starts[np.minimum(first_after, len(starts) - 1)] < b)
+    ts, sites = un["t"].to_numpy(dtype=float), un["site"].to_numpy(dtype=np.int64)
+    rows, left = [], len(held)
+    for k in np.flatnonzero(hit):
+        j, got = int(first_after[k]), 0
+        while j < len(starts) and starts[j] < b[k]:
+            lo, hi = max(a[k], starts[j]), min(b[k], ends[j])
+            if hi > lo:
+                pages = slice(int(base[j] + (lo - starts[j]) // PAGE), int(base[j] + (hi - starts[j]) // PAGE))
+                n = int(held[pages].sum())
+                held[pages] = False
+                got += n
+            j += 1
+        if got:
+            rows.append((float(ts[k]), got * PAGE, int(sites[k])))
+            left -= got
+            if left <= 0:
+                break
+    if not rows:
+        return empty
+    df = pd.DataFrame(rows, columns=["t", "bytes", "site"])
+    maps = mine[mine["snapshot"] == "last"]
+    maps = (maps if not maps.empty else first).sort_values("start")
+    maps = maps[maps["path"].fillna("").astype(str).str.len() > 0]
+    libs = {s: _library_at(maps, s) for s in df["site"].unique()} if not maps.empty else {}
+    df["library"] = df["site"].map(lambda s: libs.get(s, "?"))
+    return df[REPLACED_COLUMNS]
+
+
+def _no_release(t: np.ndarray) -> np.ndarray:
+    return np.zeros(len(t))
+
+
+def _released_by(replaced: pd.DataFrame, library: str, t_end: float) -> Any:
+    """t -> the pre-existing bytes ``library`` had unmapped by each time of ``t`` (``replaced_preexisting``)."""
+    rep = replaced[(replaced["library"] == library) & (replaced["t"] <= t_end)]
+    if rep.empty:
+        return _no_release
+    times, cum = rep["t"].to_numpy(dtype=float), np.cumsum(rep["bytes"].to_numpy(dtype=float))
+
+    def gone(t: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(times, np.asarray(t, dtype=float), side="right")
+        return np.where(idx > 0, cum[np.maximum(idx - 1, 0)], 0.0)
+
+    return gone
+
+
 def stack_frames(reader: TableSource) -> dict[str, list[str]]:
     """The ``bpf_stacks`` table as stack_key → frames (one frame per line in the session)."""
     stacks = reader.table("bpf_stacks")
@@ -171,23 +260,31 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
     scanned = set(stacks.loc[stacks["method"] == "stack-scan", "stack_key"].astype(str)) if not stacks.empty else set()
     lost = int(counters.sort_values("t").iloc[-1].get("lost_events", 0)) if not counters.empty else 0
     work = requests_by_pid(reader)  # a leak per request slows with the traffic: no plateau (growth.rate)
+    replaced: dict[int, pd.DataFrame] = {}
     out: list[dict[str, Any]] = []
     for pid, group_library, kind in _groups(snaps):
         t, y = _series(snaps, ticks, pid, group_library, kind)
         if not len(t) or y[-1] <= 0:
             continue
         short = pid in exit_t and t[-1] - t[0] < min_span_s
+        gone_by = _no_release
+        if kind == "anon" and group_library is not None and len(t) >= 3:
+            if pid not in replaced:
+                replaced[pid] = replaced_preexisting(reader, pid)
+            gone_by = _released_by(replaced[pid], group_library, float(t[-1]))
+        net, gone = y - gone_by(t), float(gone_by(t[-1:])[0])
         if len(t) >= 3:
-            r = rate(t, y, warmup_s=0.0, work=work.get(pid))
-            how = f"Theil-Sen over {r.n} snapshots, {r.span_s:.0f} s"
+            r = rate(t, net, warmup_s=0.0, work=work.get(pid))
+            how = (f"{'mean increment' if r.estimator == 'mean-increment' else 'Theil-Sen'} over {r.n} snapshots, "
+                   f"{r.span_s:.0f} s")
             if r.confidence < HELD_SWITCH_CONFIDENCE and pid not in exit_t:
                 held = _birth_series(regions, pid, group_library, kind, float(t[0]), float(t[-1]) - HELD_YOUNG_S,
                                      at_exit=False)
-                rh = rate(held[0], held[1], warmup_s=0.0) if held is not None else None
+                rh = rate(held[0], held[1] - gone_by(held[0]), warmup_s=0.0) if held is not None else None
                 # What was born and is still held must also show as a rise of the outstanding total: a pool
                 # of long-lived buffers replaced in turn (a ring) holds young ones at the end without growing.
                 fifth = max(1, len(y) // 5)
-                rose = float(np.median(y[-fifth:]) - np.median(y[:fifth]))
+                rose = float(np.median(net[-fifth:]) - np.median(net[:fifth]))
                 if (rh is not None and rh.per_s > 0 and rh.confidence > r.confidence
                         and rose >= HELD_MIN_RISE_SHARE * float(held[1][-1])):
                     how = (f"the outstanding bytes swing (confidence {r.confidence:.2f} over {r.n} snapshots: "
@@ -227,8 +324,14 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                             "longer hunt's")
         if r.step:
             evidence.append(f"the rise is one step of {r.step_bytes / MB:.1f} MB, not a steady growth")
+        if gone:
+            evidence.append(f"net of {gone / MB:.1f} MB of pre-existing anonymous memory it unmapped during the hunt "
+                            "(mappings replaced, not added, are no growth)")
+        stopped = stop_evidence(r)
         shape = shape_evidence(r)
-        if shape:
+        if stopped:
+            evidence.append(stopped)
+        elif shape:
             evidence.append(shape)
         top_sites: list[dict[str, Any]] = []
         if not mine.empty:
@@ -254,6 +357,8 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                     "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
                     "outstanding_bytes": int(y[-1]), "stack": stack, "evidence": evidence,
                     "confidence": r.confidence, "step": r.step, "decelerating": r.decelerating, "sites": top_sites, "short_lived": short,
+                    "lower_mb_per_min": r.lower_mb_per_min, "stopping": r.stop is not None and not r.bounded,
+                    "stop_evidence": stopped,
                     "stack_method": method})
     out.sort(key=lambda c: (-c["mb_per_min"], -c["outstanding_bytes"]))
     return out

@@ -130,9 +130,15 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
                         f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step, not decelerating)"
                         + _plateaus(procs, {c["pid"] for c in findings.culprits}))
     plateaus = _plateaus(procs)
+    stopping = getattr(findings, "stopping", {}) or {}
+    if stopping and findings.doubtful_pids:
+        return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grew ≥ {th['leak_mb_per_min']} MB/min but the "
+                                "growth stopped shortly before the end of the hunt: hunt longer to tell a plateau from "
+                                "a pause" + "".join(f"; pid {p}: {line}" for p, line in sorted(stopping.items()))
+                                + plateaus)
     if findings.doubtful_pids and plateaus:
         return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
-                                "but the growth is slowing down: hunt longer to tell a plateau from a leak"
+                                "but the growth is slowing down or stopped late in the hunt: hunt longer to tell a plateau from a leak"
                                 + plateaus)
     if findings.doubtful_pids:
         return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
