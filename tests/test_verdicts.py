@@ -27,6 +27,7 @@ from shapes_helpers import TruthLog
 
 from leaktrace.analysis.candidates import is_doubtful, is_leaking, plateau_evidence
 from leaktrace.analysis.growth import MB, process_rates, rate
+from leaktrace.analysis.ledger import replaced_preexisting
 from leaktrace.analysis.series import growth_stop, rate_interval
 
 T = np.arange(0, 61, 1.0)  # a 60 s hunt, one watcher tick a second
@@ -204,6 +205,35 @@ def test_churners_ledger_is_rated_robustly():
     """Outstanding bytes that come and go (a churner's ledger): not an accumulation, the robust slope stands."""
     y = _mean_reverting(3, 0.8, 5.0)
     assert rate(T, y).estimator == "theil-sen"
+
+
+# --------------------------------------------------------------------------- the ledger's net growth
+
+class _Tables:
+    """A session's tables in memory (the TableSource the analysis reads)."""
+
+    def __init__(self, **tables: pd.DataFrame) -> None:
+        self._tables, self.meta = tables, {}
+
+    def table(self, name: str) -> pd.DataFrame:
+        return self._tables.get(name, pd.DataFrame())
+
+    def tables(self) -> list[str]:
+        return list(self._tables)
+
+
+def test_replaced_preexisting_counts_each_preexisting_page_once():
+    """Each page of the anonymous memory that existed at attach counts once, at the first munmap that
+    covers it, for the library of that munmap's call site; munmaps of memory mapped since count nothing."""
+    regions = pd.DataFrame({"t": [0.0, 0.0, 9.0], "pid": 1, "snapshot": ["first", "first", "last"],
+                            "start": [0x10000, 0x40000, 0x400000], "end": [0x20000, 0x50000, 0x500000],
+                            "cls": ["anon", "anon", "lib"], "path": ["", "", "/opt/x/libfoo.so"]})
+    munmap = [(1.0, 0x10000, 0x10000, 0x400100), (2.0, 0x18000, 0x8000, 0x400100),  # the second: already gone
+              (3.0, 0x40000, 0x4000, 0x999), (4.0, 0x60000, 0x1000, 0x400100)]  # site in no file; not pre-existing
+    events = pd.DataFrame({"t": [m[0] for m in munmap], "type": "munmap", "pid": 1, "addr": [m[1] for m in munmap],
+                           "len": [m[2] for m in munmap], "site": [m[3] for m in munmap], "result": 0})
+    got = replaced_preexisting(_Tables(regions=regions, bpf_events=events), 1)
+    assert list(got.itertuples(index=False, name=None)) == [(1.0, 0x10000, "libfoo.so"), (3.0, 0x4000, "?")]
 
 
 # --------------------------------------------------------------------------- real processes
