@@ -93,7 +93,7 @@ def phase_real(exe: Path, work: Path, seconds: float, procs: int) -> dict:
             k.terminate()
             k.wait()
     state = json.loads((out / "watch.json").read_text())
-    return {"interval_s": 10.0, "processes": procs, "wall_s": round(wall, 1), "ticks": state["ticks"],
+    return {"interval_s": 10.0, "processes": procs, "ebpf": state.get("ebpf"), "wall_s": round(wall, 1), "ticks": state["ticks"],
             "cpu_share_of_core": round((c1 - c0) / wall, 5), "rss_start_mb": round(r0 / 2**20, 1),
             "rss_end_mb": round(r1 / 2**20, 1), "disk_kb": round(dir_bytes(out) / 1024, 1),
             "exit_code": rc, "samples": samples, "stderr_tail": err.strip().splitlines()[-3:]}
@@ -146,7 +146,7 @@ def phase_sim(exe: Path, work: Path, seconds: float, interval: float, churn_ever
     q = max(1, len(rss) // 4)
     ticks = state["ticks"]
     cpu_per_tick = (c1 - c0) / max(1, ticks)
-    return {"interval_s": interval, "wall_s": round(wall, 1), "ticks": ticks,
+    return {"interval_s": interval, "ebpf": state.get("ebpf"), "wall_s": round(wall, 1), "ticks": ticks,
             "simulated_hours_at_10s": round(ticks * 10 / 3600, 2), "processes_started": started,
             "processes_grown_then_exited": grown, "incidents_total": state["incidents_total"],
             "incidents_on_disk": len(list((out / "incidents").glob("*"))) if (out / "incidents").is_dir() else 0,
@@ -177,6 +177,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     r, s = res["real"], res["sim"]
+    print(f"eBPF ledger: real {r['ebpf']}, sim {s['ebpf']}")
     print(f"real: {r['processes']} processes at a {r['interval_s']:.0f} s interval for {r['wall_s']:.0f} s: "
           f"{100 * r['cpu_share_of_core']:.3f}% of a core (target ≤ 1%), RSS {r['rss_start_mb']} → "
           f"{r['rss_end_mb']} MB, disk {r['disk_kb']} KB, exit {r['exit_code']}")

@@ -66,7 +66,8 @@ def watch_dir(out: str | None) -> Path:
 @click.option("--max-disk-mb", type=float, default=DEFAULT_MAX_DISK_MB, show_default=True,
               help="Disk bound of --out: the oldest incidents are deleted beyond it.")
 @click.option("--duration", type=float, default=None, help="Stop after SEC seconds (default: until SIGTERM/Ctrl-C).")
-@click.option("--no-bpf", is_flag=True, help="Deep hunts without the eBPF probe (/proc and gdb only).")
+@click.option("--no-bpf", is_flag=True,
+              help="No eBPF ledger, in the watch nor its deep hunts (/proc, and gdb in deep hunts, only).")
 @click.option("--no-gdb", is_flag=True, help="Deep hunts without gdb.")
 @format_option(REPORT_FORMATS, "json,md,html")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
@@ -74,7 +75,7 @@ def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float,
           prometheus_port: int | None, prometheus_addr: str, leak_mb_per_min: float | None, confirm_s: float,
           deep_hunt_s: float, max_disk_mb: float, duration: float | None, no_bpf: bool, no_gdb: bool,
           formats: tuple[str, ...], quiet: bool) -> None:
-    """Watch process trees always-on, light (a /proc read per process a tick, no gdb, no eBPF until needed).
+    """Watch process trees always-on, light (a /proc read per process a tick, the eBPF ledger, no gdb).
 
     Processes matching the selection are picked up as they start and followed until they end. A growth
     that is a leak by the hunt's rules for --confirm-s gets a deep hunt of its tree (a normal session with

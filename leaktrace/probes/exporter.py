@@ -242,8 +242,8 @@ class _WatchCollector:
         yield state
         yield GaugeMetricFamily("leaktrace_watch_targets", "Processes followed now.", value=len(snap["procs"]))
         out = GaugeMetricFamily("leaktrace_outstanding_bytes",
-                                "Bytes mapped and not unmapped, by the library that mapped them (eBPF ledger of "
-                                "the incidents' deep hunts).", labels=["pid", "library", "kind"])
+                                "Bytes mapped and not unmapped, by the library that mapped them (the watch's eBPF "
+                                "ledger, else its deep hunt's).", labels=["pid", "library", "kind"])
         for pid, lib, kind, b in snap["outstanding"]:
             out.add_metric([str(pid), str(lib), str(kind)], float(b))
         yield out

@@ -324,7 +324,7 @@ class Watch:
             "selection": selection(self.options), "interval_s": self.options.interval, "ticks": self.ticks,
             "thresholds": {"leak_mb_per_min": self.th["leak_mb_per_min"], "confirm_s": self.options.confirm_s,
                            "deep_hunt_s": self.options.deep_hunt_s, "max_disk_mb": self.options.max_disk_mb},
-            "cpu_s": round(snap["cpu_s"], 3), "warnings": self.warnings,
+            "cpu_s": round(snap["cpu_s"], 3), "warnings": self.warnings, "ebpf": self.bpf is not None,
             "prometheus": None if self.exporter is None else {"addr": self.exporter.addr, "port": self.exporter.port},
             "targets": [{**{k: p[k] for k in ("pid", "root", "label", "role", "instance", "state")},
                          "rss_bytes": p["rss"], "anon_bytes": p["anon"],
