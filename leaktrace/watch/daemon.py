@@ -215,8 +215,10 @@ class Watch:
         if tr.confirmed or now - tr.leaking_since < self.options.confirm_s:
             return
         tr.confirmed = True
-        if any(i.root == tr.root for i in self.running):
-            return  # its tree is being hunted already
+        # One deep hunt per tree at a time; with --vllm a deep hunt covers every vLLM server of the host (its
+        # /metrics and roles come with `hunt --vllm`), so one at a time.
+        if any(i.root == tr.root or self.options.vllm for i in self.running):
+            return
         inc = start_deep_hunt(self.out, pid, tr.root, now, self.options)
         self.log(f"pid {pid}: leak confirmed; deep hunt of the tree of {tr.root} for "
                  f"{self.options.deep_hunt_s:.0f}s -> {inc.path}")
@@ -252,6 +254,7 @@ class Watch:
         self.exited.append({"pid": pid, "t": round(now, 3), "exit_code": code, "oom": oom, "grew": tr.grew})
         if tr.grew or tr.confirmed or oom:
             meta = {"selection": selection(self.options), "interval": self.options.interval,
+                    "deep_hunts": [str(i.path) for i in self.incidents if i.kind == "leak" and i.root == tr.root],
                     "rates": {"rss_bytes_per_s": tr.j.rss_per_s, "anon_bytes_per_s": tr.j.anon_per_s}}
             inc = write_exit_incident(self.out, pid, tr.root, now, tables, code, oom, meta, self.options.formats)
             self.log(f"pid {pid} ended ({inc.exit['how'] if inc.exit else '?'}) while growing: {inc.path}")
