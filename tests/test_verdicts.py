@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -257,7 +258,31 @@ WORKLOADS = {
     # a cache that fills, then plateaus, a 512 KiB/s leak under it
     "plateau-leak": (["--cache-kib-per-s", "3000", "--cache-fill-s", "8", "--leak-kib-per-s", "512"], "leak",
                      "libv27drip.so"),
+    # a Python process (FROZEN_CYCLES): python-heap, no library, at the rate /proc sees
+    "frozen-cycles": ([], "leak", None),
 }
+
+
+# Garbage cycles hidden by repeated gc.freeze() (collection off, as a server that freezes its heap): each
+# cycle two dicts that reference each other, made at a steady pace and never collected.
+FROZEN_CYCLES = r"""
+import gc, os, time
+gc.disable()
+print("ready", os.getpid(), flush=True)
+t0, made, frozen = time.monotonic(), 0, time.monotonic()
+while True:
+    due = int((time.monotonic() - t0) * 800)
+    while made < due:
+        a = {"n": made, "pad": [made] * 8}
+        b = {"peer": a}
+        a["peer"] = b
+        del a, b
+        made += 1
+    if time.monotonic() - frozen >= 1.0:
+        gc.freeze()
+        frozen = time.monotonic()
+    time.sleep(0.05)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -289,16 +314,21 @@ def _hunt_all(spawn, verdicts_bin: Path, tmp_path: Path, names: list[str]) -> di
 
     procs, logs, results = {}, {}, {}
     for name in names:
+        if name == "frozen-cycles":
+            procs[name] = spawn([sys.executable, "-c", FROZEN_CYCLES])
+            continue
         truth = tmp_path / f"{name}.truth"
         procs[name] = spawn([verdicts_bin, *WORKLOADS[name][0], "--truth", truth, "--start-on-usr1", "1"])
         logs[name] = TruthLog(truth).__enter__()
 
     def hunt(name: str) -> None:
         starter = threading.Thread(target=_start_when_attached, args=(tmp_path / name, procs[name].pid))
-        starter.start()
+        if name in logs:
+            starter.start()
         results[name] = run_cli("hunt", "--pid", procs[name].pid, "--duration", HUNT_S, "--format", "json",
                                 "--out", tmp_path / name, timeout=240)
-        starter.join()
+        if name in logs:
+            starter.join()
 
     threads = [threading.Thread(target=hunt, args=(n,)) for n in names]
     for th in threads:
@@ -307,11 +337,17 @@ def _hunt_all(spawn, verdicts_bin: Path, tmp_path: Path, names: list[str]) -> di
         th.join()
     out = {}
     for name in names:
-        logs[name].__exit__(None, None, None)
         assert results[name].returncode == 0, results[name].stderr
         rep = json.loads((tmp_path / name / "report.json").read_text())
         reader = SessionReader(tmp_path / name)
         t0, attach = reader.meta["t0_monotonic"], reader.meta["attach_s"]
+        if name not in logs:  # a Python target: its truth is what /proc saw it grow over the window
+            ro = reader.table("rollup").sort_values("t")
+            ro = ro[ro["t"] >= attach]
+            grew = float(ro["rss"].iloc[-1] - ro["rss"].iloc[0]) / float(ro["t"].iloc[-1] - ro["t"].iloc[0])
+            out[name] = (rep, procs[name].pid, grew * 60 / MB)
+            continue
+        logs[name].__exit__(None, None, None)
         snaps = reader.table("ledger_snapshots")
         t_last = float(snaps["t"].max()) if not snaps.empty else float(reader.table("rollup")["t"].max())
         out[name] = (rep, procs[name].pid, logs[name].mb_per_min(t0 + attach, t0 + t_last))
@@ -327,6 +363,8 @@ def _check(name: str, rep: dict, pid: int, truth: float) -> None:
         return
     top = rep["culprits"][0]
     assert (top["pid"], top["library"]) == (pid, library), (name, top)
+    if name == "frozen-cycles":
+        assert top["kind"] == "python-heap" and top["python"]["frozen"]["growing"], (name, top)
     assert top["mb_per_min"] == pytest.approx(truth, rel=0.15), (name, top["mb_per_min"], truth)
     assert not [c for c in rep["culprits"] if c["library"] in ("libv27saw.so", "libv27cache.so", "verdicts")], \
         (name, [(c["library"], c["mb_per_min"]) for c in rep["culprits"]])
