@@ -237,6 +237,18 @@ def test_replaced_preexisting_counts_each_preexisting_page_once():
     assert list(got.itertuples(index=False, name=None)) == [(1.0, 0x10000, "libfoo.so"), (3.0, 0x4000, "?")]
 
 
+def test_ledger_growth_that_stopped_too_late_makes_the_verdict_inconclusive():
+    """No culprit, but a library's ledger growth stopped too late in the window to tell: inconclusive, the
+    reason naming it; culprits stay empty."""
+    from leaktrace.analysis.culprits import Findings
+    from leaktrace.analysis.summary import _verdict
+
+    line = "libx.so: growth stopped at t=52 s at 160 MB, 8 s before the end of the window: too late to tell"
+    findings = Findings([], [], True, set(), {7}, {}, {7: line})
+    verdict, why = _verdict(pd.DataFrame(columns=["pid"]), findings, 60.0)
+    assert verdict == "inconclusive" and "stopped shortly before the end" in why and line in why, why
+
+
 # --------------------------------------------------------------------------- real processes
 
 HUNT_S = 30
