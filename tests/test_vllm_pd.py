@@ -203,9 +203,9 @@ def test_ucx_rate_is_what_its_chunks_and_proc_account_for(hunt: Hunt) -> None:
     proc = hunt.proc_mb_per_min(pid)
     print(f"UCX {ucx:.2f} MB/min; {chunks} chunks born and held in {b - a:.0f} s = {from_chunks:.2f} MB/min; "
           f"worker /proc {proc:.2f} MB/min", file=sys.stderr)
-    # Traffic varies within the window (a KV read can wait out the prefill's 30 s lease), so the fitted slope
-    # and the mean rate differ by the window's shape; both measure the same chunks.
-    assert 0.5 * from_chunks <= ucx <= 1.6 * from_chunks, (ucx, from_chunks, chunks, (a, b))
+    # Both measure the same chunks over the same window; the tool's rate of a series that grows in bursts
+    # (traffic varies: a KV read can wait out the prefill's 30 s lease) is its mean, not a median slope.
+    assert 0.75 * from_chunks <= ucx <= 1.3 * from_chunks, (ucx, from_chunks, chunks, (a, b))
     assert ucx <= 1.3 * proc + 1.0, (ucx, proc)
 
 
