@@ -161,14 +161,16 @@ def replaced_preexisting(reader: TableSource, pid: int) -> pd.DataFrame:
     hit = (first_after < len(starts)) & (starts[np.minimum(first_after, len(starts) - 1)] < b)
     ts, sites = un["t"].to_numpy(dtype=float), un["site"].to_numpy(dtype=np.int64)
     rows, left = [], len(held)
+    remaining = [int(n) for n in np.diff(base)]  # pages of each pre-existing mapping not yet released
     for k in np.flatnonzero(hit):
         j, got = int(first_after[k]), 0
         while j < len(starts) and starts[j] < b[k]:
             lo, hi = max(a[k], starts[j]), min(b[k], ends[j])
-            if hi > lo:
+            if hi > lo and remaining[j]:  # an address reused since its release counts nothing
                 pages = slice(int(base[j] + (lo - starts[j]) // PAGE), int(base[j] + (hi - starts[j]) // PAGE))
                 n = int(held[pages].sum())
                 held[pages] = False
+                remaining[j] -= n
                 got += n
             j += 1
         if got:
