@@ -8,8 +8,8 @@ Two phases, each a real `leaktrace watch --match` child process sampled every fe
   real: the default 10 s interval over --procs steady processes for --real-s: CPU share of one core
         (target ≤ 1%), measured after the start-up (imports) so it is the steady cost.
   sim:  a fast interval (--sim-interval) for --sim-s = many ticks, i.e. hours of simulated time at the
-        default interval, while processes churn (a new one every --churn-every s, each living a few seconds,
-        every 4th one growing then exiting) and --max-disk-mb is small: RSS must stay flat (ratio of the
+        default interval, over 4 long-lived processes (their rolling histories fill up) while others churn
+        (a new one every --churn-every s, each living a few seconds, every 4th one growing then exiting) and --max-disk-mb is small: RSS must stay flat (ratio of the
         last quarter's median to the second quarter's), disk under the bound, CPU per tick stated and
         extrapolated to the default interval.
 """
@@ -105,6 +105,9 @@ def phase_sim(exe: Path, work: Path, seconds: float, interval: float, churn_ever
     out = work / "sim"
     w = start(tag, out, interval, ["--confirm-s", "100000", "--max-disk-mb", str(max_disk_mb),
                                    "--format", "json"])
+    # Long-lived processes too: their rolling histories fill up during the phase, so a flat RSS means bounded.
+    steady = [subprocess.Popen([str(exe), tag, "--churn-kib-per-s", "512"], stdout=subprocess.DEVNULL)
+              for _ in range(4)]
     kids: list[subprocess.Popen] = []
     started = grown = 0
     try:
@@ -138,7 +141,7 @@ def phase_sim(exe: Path, work: Path, seconds: float, interval: float, churn_ever
         print(w.communicate(timeout=60)[1], file=sys.stderr)
         raise
     finally:
-        for k in kids:
+        for k in kids + steady:
             k.kill()
             k.wait()
     state = json.loads((out / "watch.json").read_text())

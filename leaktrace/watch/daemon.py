@@ -59,7 +59,9 @@ class Watch:
         self.options, self.out, self.log = options, out, log
         self.th = thresholds(options.leak_mb_per_min)
         self.window_s = max(60.0, 30.0 * options.interval)
-        self.ring = RingSession(rollup_rows=max(64, int(self.window_s / options.interval) + 8))
+        # History kept per process: the judging window, and at least 720 samples (2 h at the default
+        # interval) for the session an exit incident leaves.
+        self.ring = RingSession(rollup_rows=max(720, int(self.window_s / options.interval) + 8))
         self.selector = Selector(list(options.pids), options.vllm, options.match)
         hopts = HuntOptions(duration=float("inf"), interval=options.interval, smaps_every=options.smaps_every,
                             bpf=False, gdb=False, pyheap=False)
@@ -133,6 +135,9 @@ class Watch:
         with self.targets.lock:
             self.targets.roots[:] = roots
         before = set(self.targets.live())
+        # The selection decides which roots are the same process (Selector checks start times): a pid the
+        # watcher saw end may name a new matching process later (bounded over days of churn, too).
+        self.watcher._dead_roots.clear()
         self.watcher.tick(now)
         live = set(self.targets.live())
         if self.bpf is not None:

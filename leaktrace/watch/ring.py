@@ -13,7 +13,7 @@ from typing import Any
 # full-smaps tables grow by a snapshot every smaps_every ticks.
 # The eBPF probe's: ledger_snapshots a row per (library, kind) a tick; ledger_regions and bpf_stacks come
 # whole at a process's exit (its regions and their call sites), kept until its incident is written.
-LIMITS = {"rollup": 720, "class_usage": 600, "region_events": 2000, "processes": 16, "ledger_snapshots": 5000,
+LIMITS = {"rollup": 720, "class_usage": 600, "region_events": 2000, "processes": 16, "ledger_snapshots": 1500,
           "ledger_regions": 50_000, "bpf_stacks": 5000, "ledger_exits": 4, "bpf_counters": 200}
 DEFAULT_LIMIT = 500
 
