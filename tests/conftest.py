@@ -116,7 +116,7 @@ ALONE_MODULES = {
     "test_discover.py", "test_discover_pyheap.py", "test_secrets.py", "test_cli_edges.py", "test_gdb_sampler.py",
     "test_bpf_stream.py", "test_pyheap_stall.py", "test_verdict_plateau.py", "test_demo.py",
     "test_python_vs_native.py", "test_live_exporter.py", "test_notebook.py", "test_packaging.py",
-    "test_flamegraph.py", "test_watch.py",
+    "test_flamegraph.py", "test_watch.py", "test_verdicts.py",
 }
 
 
