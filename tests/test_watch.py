@@ -64,8 +64,6 @@ def _metric_names(expr: str) -> set[str]:
 def test_watch_end_to_end(tmp_path, spawn, target_bin):
     tag = f"wt{os.getpid()}x{time.monotonic_ns() % 100000}"
     churner = spawn([target_bin, tag, "--churn-kib-per-s", "4096"])
-    # Grows, then exits with status 3 (an unreaped zombie until the test reaps it: /proc tells the status).
-    grower = spawn([target_bin, tag, "--leak-kib-per-s", str(LEAK_KIB_S), "--exit-after", "16", "--exit-code", "3"])
     out = tmp_path / "w"
     watch = subprocess.Popen(
         [*LEAKTRACE, "watch", "--match", f"watch_target {tag}", "--interval", "1", "--confirm-s", "10",
@@ -73,6 +71,12 @@ def test_watch_end_to_end(tmp_path, spawn, target_bin):
          "--format", "json,md", "--no-gdb"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
     try:
+        # The watch is live (its eBPF program compiled, the churner followed) before the grower starts: its
+        # 16 s of life must fall inside the watch, however long the compile takes.
+        assert wait_for(lambda: len(_state(out).get("targets", [])) >= 1, timeout=90), _state(out)
+        # Grows, then exits with status 3 (an unreaped zombie until the test reaps it: /proc tells the status).
+        grower = spawn([target_bin, tag, "--leak-kib-per-s", str(LEAK_KIB_S), "--exit-after", "16",
+                        "--exit-code", "3"])
         assert wait_for(lambda: len(_state(out).get("targets", [])) >= 2, timeout=30), _state(out)
         # The leak starts after the watch: picked up at a later tick.
         leaker = spawn([target_bin, tag, "--leak-kib-per-s", str(LEAK_KIB_S)])
