@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -44,33 +42,7 @@ UCX_LIB = re.compile(r"(?:^|/)libuc[ms](?:-[0-9a-f]{8})?\.so")
 LEAKTRACE = [sys.executable, "-m", "leaktrace"]
 
 
-class RssSampler(threading.Thread):
-    """VmRSS of some processes once a second, from /proc."""
-
-    def __init__(self, pids: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.samples: dict[int, list[tuple[float, int]]] = {p: [] for p in pids}
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            now = time.monotonic()
-            for p in self.samples:
-                try:
-                    self.samples[p].append((now, vintage_pd.rss_kb(p) * 1024))
-                except OSError:
-                    pass
-            self.stop_event.wait(1.0)
-
-    def mb_per_min(self, pid: int, t0: float, t1: float) -> float | None:
-        pts = [(t, b) for t, b in self.samples[pid] if t0 <= t <= t1]
-        if len(pts) < 3:
-            return None
-        t, b = np.array(pts, dtype=float).T
-        return round(float(np.polyfit(t, b, 1)[0]) * 60 / 2**20, 3)
-
-
-def worker_figures(out: Path, pid: int, sampler: RssSampler) -> dict:
+def worker_figures(out: Path, pid: int, sampler: vintage_pd.RssSampler) -> dict:
     reader = SessionReader(out)
     snaps = reader.table("ledger_snapshots")
     t = snaps.loc[snaps["pid"] == pid, "t"]
@@ -84,7 +56,11 @@ def worker_figures(out: Path, pid: int, sampler: RssSampler) -> dict:
     window_min = max(b - a, 1e-9) / 60
     return {"pid": pid, "window_s": round(b - a, 1), "chunks_born_and_held": len(chunks),
             "chunks_mb_per_min": round(len(chunks) * CHUNK / 2**20 / window_min, 3),
-            "proc_mb_per_min": sampler.mb_per_min(pid, t0 + a, t0 + b)}
+            "proc_mb_per_min": _finite(sampler.mb_per_min(pid, t0 + a, t0 + b))}
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 3)
 
 
 def hunt_pair(setting: str, out: Path, hunt_s: int, warmup_s: int) -> dict:
@@ -96,7 +72,7 @@ def hunt_pair(setting: str, out: Path, hunt_s: int, warmup_s: int) -> dict:
         started = time.monotonic()
         while (load.ok < 4 or time.monotonic() - started < warmup_s) and time.monotonic() - started < 300:
             time.sleep(1)
-        sampler = RssSampler(list(workers.values()))
+        sampler = vintage_pd.RssSampler(list(workers.values()))
         sampler.start()
         ok0, t0 = load.ok, time.monotonic()
         hunt = subprocess.run([*pair.ns.enter(), *LEAKTRACE, "hunt", "--vllm", "--duration", str(hunt_s),

@@ -13,12 +13,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pytest
 import vllm_fixtures
 from vllm_fixtures import RealPair, vintage_pd
@@ -34,43 +31,13 @@ CHUNK = 151552  # one mpool chunk of UCX's rcache invalidation queue (148 KiB), 
 UCX_LIB = re.compile(r"(?:^|/)libuc[ms](?:-[0-9a-f]{8})?\.so")
 
 
-class RssSampler(threading.Thread):
-    """VmRSS of some processes once a second, from /proc (independent of leaktrace)."""
-
-    def __init__(self, pids: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.samples: dict[int, list[tuple[float, int]]] = {p: [] for p in pids}
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            now = time.monotonic()
-            for p in self.samples:
-                try:
-                    self.samples[p].append((now, vintage_pd.rss_kb(p) * 1024))
-                except OSError:
-                    pass
-            self.stop_event.wait(1.0)
-
-    def mb_per_min(self, pid: int, t0: float, t1: float) -> float:
-        pts = [(t, b) for t, b in self.samples[pid] if t0 <= t <= t1]
-        if len(pts) < 3:
-            return float("nan")
-        t, b = np.array(pts, dtype=float).T
-        return float(np.polyfit(t, b, 1)[0]) * 60 / 2**20  # MiB, as report.json's "MB"
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(timeout=5)
-
-
 @dataclass
 class Hunt:
     pd: RealPair
     out: Path
     stderr: str
     requests: int  # completions the test's load got through during the hunt
-    sampler: RssSampler
+    sampler: vintage_pd.RssSampler
     report: dict = field(default_factory=dict)
 
     def ledger_window(self, pid: int) -> tuple[float, float]:
@@ -102,7 +69,7 @@ class Hunt:
 def hunt(real_pd: RealPair, tmp_path_factory: pytest.TempPathFactory) -> Hunt:
     root = tmp_path_factory.mktemp("pd")
     out, err_path = root / "hunt", root / "hunt.stderr"
-    sampler = RssSampler(list(real_pd.workers.values()))
+    sampler = vintage_pd.RssSampler(list(real_pd.workers.values()))
     sampler.start()
     ok0 = real_pd.load.ok
     with open(err_path, "w") as err:

@@ -305,6 +305,40 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
+class RssSampler(threading.Thread):
+    """VmRSS of some processes once a second, from /proc (independent of leaktrace): the truth a hunt's rates
+    are compared with."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.samples: dict[int, list[tuple[float, int]]] = {p: [] for p in pids}
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            for p in self.samples:
+                try:
+                    self.samples[p].append((now, rss_kb(p) * 1024))
+                except OSError:
+                    pass
+            self.stop_event.wait(1.0)
+
+    def mb_per_min(self, pid: int, t0: float, t1: float) -> float:
+        """The RSS slope (MiB/min, as report.json's "MB") between two CLOCK_MONOTONIC times; NaN under 3 samples."""
+        import numpy as np
+
+        pts = [(t, b) for t, b in self.samples[pid] if t0 <= t <= t1]
+        if len(pts) < 3:
+            return float("nan")
+        t, b = np.array(pts, dtype=float).T
+        return float(np.polyfit(t, b, 1)[0]) * 60 / 2**20
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=5)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     mode = sys.argv[1] if len(sys.argv) > 1 else "leak"
