@@ -14,9 +14,9 @@ than the arena limit on a small machine: arenas shared). Prints one JSON documen
 
     .venv/bin/python bench/bench_gdb_inflation.py --duration 60
 
-No inflation on a 2-core VM (60 s hunts): within a run the three conditions end within 0.2 MB of RSS of
-each other (3 MB with 32 threads, gdb's the lowest) and hold the same arenas, while runs differ by up to
-13 MB. The sampler runs in non-stop mode: only the thread at the syscall stops, and glibc makes a thread
+Inflation would show as the gdb condition ending with more RSS or more arenas than the other two of the
+same run; compare conditions within a run, never across runs (runs differ by more than the conditions do).
+The sampler runs in non-stop mode: only the thread at the syscall stops, and glibc makes a thread
 that finds its arena locked wait, not take a new one (new arenas go to new threads, or past a failed
 allocation).
 """
