@@ -183,16 +183,20 @@ class PrometheusExporter:
             return self._snap
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        stop_serving(self._server, self._thread)
+        self._server = self._thread = None
 
     def summary(self) -> dict[str, Any]:
         return {"addr": self.addr, "port": self.port, "scrapes": self.scrapes}
+
+
+def stop_serving(server: Any, thread: Any) -> None:
+    """Shut down what :func:`serve` started (either may be None: never started)."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if thread is not None:
+        thread.join(timeout=5)
 
 
 def serve(port: int, addr: str, registry: Any) -> tuple[Any, Any]:
@@ -274,10 +278,5 @@ class WatchExporter:
         self.port = self._server.server_port  # port 0 asks the kernel for a free one
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        stop_serving(self._server, self._thread)
+        self._server = self._thread = None
