@@ -350,7 +350,8 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                     site = next((f for f in stack if library in f), top["stack_key"])
                     evidence.append(f"{top['regions']} growth(s), {top['outstanding_bytes']:,} B called from {site}: "
                                     f"found by scanning the raw user stack at each growth for return addresses "
-                                    f"(no frame pointers needed); the first outside libc/ld.so called malloc")
+                                    f"(no frame pointers needed); the first frame outside libc/ld.so is the caller, of malloc or of "
+                                    f"the mapping call itself")
                 else:
                     evidence.append(f"{top['regions']} region(s), {top['outstanding_bytes']:,} B "
                                     f"from call site {stack[1] if len(stack) > 1 else top['stack_key']}")
