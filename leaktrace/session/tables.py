@@ -114,6 +114,10 @@ _DECLARED = (
     # What each target held when it exited, and how it ended (oom: marked by the OOM killer).
     Table("ledger_exits", _cols("t:f pid:i outstanding_bytes:i regions:i")
           + _cols("exit_code:i", since=2, default=-1) + _cols("oom:b", since=2, default=False)),
+    # Write faults of the targets, named by the code that touched the pages (leaktrace/probes/bpf/faults.py).
+    Table("fault_sites", _cols("t:f pid:i ip:i site:i caller:i library:s symbol:s start:u end:u faults:i sample:i "
+                               "preexisting:b region_start:u region_end:u vmflags:s")),
+    Table("fault_stats", _cols("t:f writes:i sampled:i dropped:i windows:i")),
     # gdb probe: columns described in leaktrace/probes/gdb/rows.py.
     Table("gdb_samples", _cols("t:f pid:i tid:i run:i syscall:s addr:i length:i old_addr:i old_length:i "
                                "result:i error:i stop_us:f frames:s stack:s python:b")),
