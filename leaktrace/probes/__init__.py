@@ -67,7 +67,8 @@ class LiveFigures:
 
     rollup: dict[int, dict[str, Any]] = field(default_factory=dict)  # watcher: smaps_rollup row per pid
     # bpf: outstanding_bytes, events, lost_events, outstanding_by_library {library: bytes},
-    # outstanding_by_pid {pid: bytes} (what each process mapped since attach and still holds)
+    # outstanding_by_pid {pid: bytes} (what each process mapped since attach and still holds), top_sites [{pid,
+    # site, ip, kind, bytes, frames}] (the call sites holding most of that, per process: where gdb stops)
     bpf: dict[str, Any] = field(default_factory=dict)
     gdb: dict[str, Any] = field(default_factory=dict)  # gdb: runs, samples, paused_s
     vllm_instances: list[dict[str, Any]] = field(default_factory=list)  # vllm: one per server (port, role…)

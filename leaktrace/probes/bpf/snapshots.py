@@ -111,12 +111,15 @@ class SnapshotRows:
         still queued (``ring_pending``)."""
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        sites: dict[tuple[int, int, int, int, str], int] = defaultdict(int)  # (pid, site, ip, stack_id, kind)
         for pid, start, end, o, _t, _k in self.kernel.outstanding():
             if not o.counted:
                 continue
             g = groups[(pid, self.libraries.of(pid, o), o.kind)]
             g[0] += end - start
             g[1] += 1
+            if not o.preexisting and o.site:
+                sites[(pid, o.site, o.ip, o.stack_id, o.kind)] += end - start
         rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
                 for (pid, lib, kind), (b, n) in sorted(groups.items())]
         self.ctx.session.append("ledger_snapshots", rows)
@@ -131,14 +134,16 @@ class SnapshotRows:
             by_pid[r["pid"]] += r["outstanding_bytes"]
         self.ctx.live.bpf = {"outstanding_bytes": total, "events": counters["syscalls"],
                                 "lost_events": counters["lost_events"],
-                                "outstanding_by_library": dict(by_library), "outstanding_by_pid": dict(by_pid)}
+                                "outstanding_by_library": dict(by_library), "outstanding_by_pid": dict(by_pid),
+                                "top_sites": self.scanner.top_sites(sites, self.stack_frames)}
 
     def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:
         frames: list[str] = []
         if ip:
             frames.append(str(self.symbols.frame(pid, ip)))
         chain = self.scanner.chains.get((pid, site))
-        if chain is not None:  # a heap's growth: the return addresses its stack window held
+        if chain is not None:  # a heap's growth: the return addresses its stack window held that a call reached
+            chain = self.scanner.verified_chain(pid, chain, ip or None)
             return frames + [str(self.symbols.frame(pid, a)) for a in chain]
         if site:
             frames.append(str(self.symbols.frame(pid, site)))

@@ -11,13 +11,19 @@ with ``-fomit-frame-pointer``.
 
 A stale word (a return address left by an earlier, deeper call) can pass the test; the innermost frames
 of a growth are glibc's, which keep no foreign code addresses, so in practice the first foreign one is
-the live caller. Addresses resolve through the probe's copies of /proc/PID/maps (:class:`Symbolizer`);
+the live caller. The chain shown for a call site (:meth:`StackScanner.verified_chain`) keeps only the
+frames a call can have reached: an indirect call, or a direct call whose target (through a PLT stub and a
+jump written at the target, as memory hooks do) lies in the file of the verified frame below it. A stale
+word between two libraries (an interpreter's frame left between libucs and libucm) fails that test; a
+tail call inside one library passes it. Addresses resolve through the probe's copies of /proc/PID/maps (:class:`Symbolizer`);
 code bytes are read from the mapped file (or the process's memory for anonymous code).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +35,7 @@ MALLOC_FUNCTIONS = frozenset({"malloc", "calloc", "realloc", "reallocarray", "me
                               "aligned_alloc", "valloc", "pvalloc", "__libc_malloc", "__libc_calloc",
                               "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc"})
 MAX_FRAMES = 24  # return addresses kept per window
+TOP_SITES_PER_PID = 4  # call sites published per process each tick (LiveFigures.bpf["top_sites"])
 _LOOKBACK = 7  # the longest call form looked at: ff 94 24 disp32 (call [rsp+disp32])
 
 
@@ -110,6 +117,8 @@ class StackScanner:
         self._addr_cache: dict[int, tuple[list[MapEntry], dict[int, tuple[bool, bool | None]]]] = {}
         self._malloc_addr: dict[tuple[int, int], bool] = {}  # (pid, libc return address) -> in malloc & co.
         self._frames: dict[tuple[str, int], int | None] = {}  # (file, -offset of a syscall's ip) -> frame size
+        self._reaches: dict[tuple[int, int, int], bool | None] = {}  # (pid, return address, frame below)
+        self._site_frames: dict[tuple[int, int, int], list[str]] = {}  # (pid, site, ip) -> its stack, as shown
 
     def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
         lo = max(m.start, addr - _LOOKBACK)
@@ -131,6 +140,71 @@ class StackScanner:
             return None
         word = int.from_bytes(window[off:off + 8], "little")
         return (off, word) if self.is_return_address(pid, word) else None
+
+    def top_sites(self, sites: dict[tuple[int, int, int, int, str], int],
+                  frames_of: Callable[[int, int, int, int], list[str]], per_pid: int = TOP_SITES_PER_PID
+                  ) -> list[dict[str, Any]]:
+        """The call sites holding most of what each process mapped since attach (``sites``: (pid, site, ip,
+        stack_id, kind) -> bytes), each with its stack (``frames_of(pid, site, ip, stack_id)``, kept from its
+        first time): what the gdb probe needs to stop at the site that grows and read its libraries only."""
+        by_pid: dict[int, list[tuple[int, tuple[int, int, int, int, str]]]] = {}
+        for key, n in sites.items():
+            by_pid.setdefault(key[0], []).append((n, key))
+        out = []
+        for pid, items in by_pid.items():
+            for n, (_p, site, ip, stack_id, kind) in sorted(items, reverse=True)[:per_pid]:
+                frames = self._site_frames.get((pid, site, ip))
+                if frames is None:
+                    if len(self._site_frames) > 10_000:
+                        self._site_frames.clear()
+                    frames = self._site_frames[(pid, site, ip)] = frames_of(pid, site, ip, stack_id)
+                out.append({"pid": pid, "site": site, "ip": ip, "kind": kind, "bytes": n, "frames": frames})
+        return out
+
+    def verified_chain(self, pid: int, chain: list[int], below: int | None = None) -> list[int]:
+        """``chain`` (return addresses, innermost first) without the frames no call reached: each is kept when
+        :meth:`reaches` the last kept frame below it (``below`` for the first: the syscall's ip or the site)."""
+        out: list[int] = []
+        for a in chain:
+            if below is None or self.reaches(pid, a, below) is not False:
+                out.append(a)
+                below = a
+        return out
+
+    def reaches(self, pid: int, ret: int, below: int) -> bool | None:
+        """Can the call just before return address ``ret`` have led to code address ``below``? True for an
+        indirect call, or a direct one whose target lies in ``below``'s file; None when unreadable."""
+        key = (pid, ret, below)
+        hit = self._reaches.get(key)
+        if hit is None and key not in self._reaches:
+            target = self.call_target(pid, ret)
+            if target is None:
+                hit = None if not self.is_return_address(pid, ret) else True
+            else:
+                a, b = self.symbols.mapping(pid, target), self.symbols.mapping(pid, below)
+                hit = None if a is None or b is None else (a.path or a.start) == (b.path or b.start)
+            if len(self._reaches) > 100_000:
+                self._reaches.clear()
+            self._reaches[key] = hit
+        return hit
+
+    def call_target(self, pid: int, ret: int) -> int | None:
+        """Where the direct call (``e8 rel32``) ending at ``ret`` goes, through PLT stubs (``jmp *GOT``, read
+        from the process) and jumps at the target (a hook's patch over libc's ``munmap``); None for an
+        indirect call or unreadable code."""
+        m = self.symbols.mapping(pid, ret)
+        if m is None:
+            return None
+        code = self._code_before(pid, m, ret)
+        if len(code) < 5 or code[-5] != 0xE8:
+            return None
+        target = (ret + int.from_bytes(code[-4:], "little", signed=True)) & 0xFFFFFFFFFFFFFFFF
+        for _ in range(4):
+            nxt = _jump_target(target, _read_mem(pid, target, 16), lambda a: _read_mem(pid, a, 8))
+            if nxt is None:
+                break
+            target = nxt
+        return target
 
     def _code_at(self, pid: int, m: MapEntry, addr: int, n: int) -> bytes:
         """``n`` bytes of code at ``addr``: from the mapped file, or the process's memory for anonymous code."""
@@ -259,6 +333,33 @@ class StackScanner:
                 if hit:
                     return True
         return False
+
+
+def _read_mem(pid: int, addr: int, n: int) -> bytes:
+    """Bytes of the live process (patched code, a GOT filled by the dynamic linker): b"" when unreadable."""
+    try:
+        with open(f"/proc/{pid}/mem", "rb", 0) as f:
+            f.seek(addr)
+            return f.read(n)
+    except (OSError, ValueError, OverflowError):
+        return b""
+
+
+def _jump_target(addr: int, code: bytes, read_word) -> int | None:
+    """Where the jump at ``addr`` leads: ``jmp rel32`` (e9), ``jmp rel8`` (eb), or a PLT stub's ``jmp *disp(%rip)``
+    (``ff 25``, optionally after ``endbr64`` and a ``bnd`` prefix) through the GOT word ``read_word`` returns;
+    None when ``code`` starts with none of them."""
+    i = 4 if code[:4] == b"\xf3\x0f\x1e\xfa" else 0
+    if code[i:i + 1] == b"\xf2":
+        i += 1
+    if len(code) >= i + 5 and code[i] == 0xE9:
+        return (addr + i + 5 + int.from_bytes(code[i + 1:i + 5], "little", signed=True)) & 0xFFFFFFFFFFFFFFFF
+    if len(code) >= i + 2 and code[i] == 0xEB:
+        return (addr + i + 2 + int.from_bytes(code[i + 1:i + 2], "little", signed=True)) & 0xFFFFFFFFFFFFFFFF
+    if len(code) >= i + 6 and code[i:i + 2] == b"\xff\x25":
+        word = read_word(addr + i + 6 + int.from_bytes(code[i + 2:i + 6], "little", signed=True))
+        return int.from_bytes(word, "little") if len(word) == 8 else None
+    return None
 
 
 def libc_code(maps: list[MapEntry]) -> tuple[int, int] | None:
