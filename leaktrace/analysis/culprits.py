@@ -38,6 +38,7 @@ from leaktrace.analysis.growth import MB
 from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pyobjects import fold_native, type_growth
 from leaktrace.analysis.rules import Rule, load_rules, render_template
+from leaktrace.analysis.threadstacks import recognise as recognise_thread_stacks
 from leaktrace.session import TableSource
 
 
@@ -53,6 +54,7 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
         "paths": summarize_paths(c.paths) if c.paths else None,
         "owner": f"pid {c.pid} ({c.title})", "allocating_library": allocating_library(c.stack) or c.library,
         "ucx_effective": ucx_effective(reader, c.pid) if rule is not None and rule.id.startswith("ucx") else None,
+        **c.extra.get("rule_fields", {}),
     }
     evidence = list(c.evidence)
     finding = remedy = ""
@@ -78,7 +80,7 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
         out["remedy_settings"] = {k: now.get(k) for k in rule.settings}  # effective in the process, at the end
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
-    for k in ("instance", "first_named_s", "python"):
+    for k in ("instance", "first_named_s", "python", "mapped_mb_per_min", "stacks_kept"):
         if k in c.extra:
             out[k] = c.extra[k]
     return out
@@ -126,7 +128,8 @@ def uncovered_watcher(watcher: list[Candidate], ledger: list[Candidate], python:
     warm-up and as 17 MB/min over the window is one culprit, not a ledger one and a /proc duplicate)."""
     ledger_rate: dict[tuple[int, str], float] = {}
     for c in ledger:
-        ledger_rate[(c.pid, c.kind)] = ledger_rate.get((c.pid, c.kind), 0.0) + _window_rate(c)
+        kind = "native-mmap" if c.kind == "thread-stacks" else c.kind  # anonymous memory to /proc
+        ledger_rate[(c.pid, kind)] = ledger_rate.get((c.pid, kind), 0.0) + _window_rate(c)
     python_covered = {(c.pid, k) for c in python for k in ("native-mmap", "malloc-heap", "other")}
     # malloc's chunks above the mmap threshold are anonymous mappings to /proc: the ledger's malloc-heap
     # candidate explains the process's anonymous growth when its rate accounts for it
@@ -148,6 +151,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     stopping: dict[int, str] = {}
     ledger, ledger_ran = ledger_candidates(reader, info, warnings, th, stopping)
     _add_gdb_stacks(reader, ledger, warnings)
+    ledger = recognise_thread_stacks(reader, ledger, warnings, th["ledger_mb_per_min"])
     pyheap = pyheap_growth(reader)
     types = type_growth(reader)
     python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th, types)
