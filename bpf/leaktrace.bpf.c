@@ -44,9 +44,15 @@
  *
  * Compile-time knobs (-D from leaktrace/probes/bpf/loader.py): LT_MAX_REGIONS, LT_MAX_SITES, LT_MAX_STACKS,
  * LT_RING_PAGES, LT_WAKE_EVERY, LT_WINDOW_EVERY_NS, LT_HOOK_LEARN_EVERY_NS, LT_HOOK_WINDOW_EVERY_NS,
- * LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
+ * LT_MAX_FAULT_KEYS, LT_FAULT_SAMPLE, LT_NO_FAULTS (no page-fault probe), LT_REGS_IP_OFF, LT_REGS_SP_OFF, LT_PIDNS_DEV + LT_PIDNS_INO,
  * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim), LT_SYSV_TRACEPOINTS
  * (defined when it has the shmat/shmdt syscall tracepoints).
+ *
+ * Page faults (exceptions:page_fault_user): memory that grows with no syscall at all (a region reserved before
+ * attach, written piece by piece) is seen only as faults. A write fault of a traced process is counted in
+ * `fault_counts` by (process, ip, site, 2 MiB bucket), never sent per fault; the first fault of a new
+ * (process, ip, site) sends one stack window (LT_EV_FAULTWIN), from which user space names the code that
+ * touched the page, past libc's memset/memcpy.
  *
  * How a process ended: at sched_process_exit the kernel has already stored the wait status in
  * task->exit_code (read at LT_TASK_EXIT_CODE_OFF, the offset user space takes from the kernel's BTF; no
@@ -78,6 +84,16 @@
 #endif
 #ifndef LT_HOOK_WINDOW_EVERY_NS
 #define LT_HOOK_WINDOW_EVERY_NS 5000000  /* malloc chunks through the hook: one stack window per thread per 5 ms */
+#endif
+/* Fault keys held between two ticks (user space takes and deletes them every tick): a fault storm over fresh
+ * memory makes one key per 2 MiB touched per faulting instruction. */
+#ifndef LT_MAX_FAULT_KEYS
+#define LT_MAX_FAULT_KEYS 32768
+#endif
+/* 1 in LT_FAULT_SAMPLE write faults (per CPU) is counted: the counts name who touches a region, and the
+ * resident growth itself is read from /proc, so a sample is enough where fault rates are high. */
+#ifndef LT_FAULT_SAMPLE
+#define LT_FAULT_SAMPLE 1
 #endif
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
@@ -131,6 +147,10 @@ BPF_PERCPU_ARRAY(counters, u64, LT_NCOUNTERS);
 /* host pid (the thread the OOM killer marked) -> bpf_ktime_get_ns() of the mark; any process's, bounded */
 BPF_TABLE("lru_hash", u32, u64, oom_victims, 1024);
 BPF_RINGBUF_OUTPUT(events, LT_RING_PAGES);
+/* Page faults: see struct lt_fault_key (bpf/leaktrace.h) and the probe at the end of this file. */
+BPF_HASH(fault_counts, struct lt_fault_key, u64, LT_MAX_FAULT_KEYS);
+BPF_TABLE("lru_hash", struct lt_fault_key, u8, fault_windows, LT_MAX_SITES);  /* {tgid, ip, site, 0}: window sent */
+BPF_PERCPU_ARRAY(fault_stats, u64, LT_NFSTATS);
 
 static __always_inline void count(u32 idx)
 {
@@ -870,6 +890,79 @@ TRACEPOINT_PROBE(oom, mark_victim)
     u32 pid = args->pid;
     u64 now = bpf_ktime_get_ns();
     oom_victims.update(&pid, &now);
+    return 0;
+}
+#endif
+
+#ifndef LT_NO_FAULTS
+static __always_inline u64 *fault_stat(u32 idx)
+{
+    return fault_stats.lookup(&idx);
+}
+
+/* A write fault of a traced process (error_code bit 1): who touches fresh memory, and where. Read faults map the
+ * zero page or file pages already cached, which is not memory the process grows by. */
+TRACEPOINT_PROBE(exceptions, page_fault_user)
+{
+    if (!(args->error_code & 2))
+        return 0;
+    struct lt_ids ids;
+    if (!current_ids(&ids))
+        return 0;
+    u64 *writes = fault_stat(LT_FSTAT_WRITES);
+    if (!writes)
+        return 0;
+    u64 n = *writes;
+    *writes = n + 1;
+    if (LT_FAULT_SAMPLE > 1 && n % LT_FAULT_SAMPLE)
+        return 0;
+    u64 *sampled = fault_stat(LT_FSTAT_SAMPLED);
+    if (sampled)
+        *sampled += 1;
+    struct lt_fault_key key = {.tgid = ids.tgid, .pad = 0, .ip = args->ip, .site = 0,
+                               .bucket = args->address >> LT_FAULT_BUCKET_SHIFT};
+    if (called_from_libc(ids.tgid, key.ip)) {
+        u64 sp = user_sp();
+        if (sp)
+            key.site = read_user_word(sp);
+    }
+    u64 *c = fault_counts.lookup(&key);
+    if (c) {
+        __sync_fetch_and_add(c, 1);
+        return 0;
+    }
+    u64 one = 1;
+    if (fault_counts.insert(&key, &one) != 0) {
+        c = fault_counts.lookup(&key);  /* another CPU inserted it meanwhile */
+        if (c)
+            __sync_fetch_and_add(c, 1);
+        else {
+            u64 *dropped = fault_stat(LT_FSTAT_DROPPED);
+            if (dropped)
+                *dropped += 1;
+        }
+        return 0;
+    }
+    struct lt_fault_key wkey = key;
+    wkey.bucket = 0;
+    if (fault_windows.lookup(&wkey))
+        return 0;
+    u8 seen = 1;
+    fault_windows.update(&wkey, &seen);
+    u64 *windows = fault_stat(LT_FSTAT_WINDOWS);
+    if (windows)
+        *windows += 1;
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_FAULTWIN;
+    ev.tgid = ids.tgid;
+    ev.tid = ids.tid;
+    ev.addr = args->address;
+    ev.len = args->error_code;
+    ev.ip = key.ip;
+    ev.site = key.site;
+    ev.stack_id = -1;
+    emit_window(&ev);
     return 0;
 }
 #endif

@@ -31,6 +31,10 @@
                           * path through the hook is not learned (hook_sites, hook_paths), or once per part of UCX
                           * that maps for itself: nothing to account (the mmap itself took its usual path), site
                           * and ip as an MMAP's */
+#define LT_EV_FAULTWIN 13 /* a stack window of the first write fault of a (process, ip, site) key of `fault_counts`:
+                           * addr = the faulting address, ip = the faulting instruction, site = the word at the user
+                           * stack pointer when ip is in libc (memset's caller), else 0; len = the error code.
+                           * Nothing to account: user space names the code that touched the page from it */
 
 /* EXIT event flags (lt_event.flags). */
 #define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */
@@ -161,6 +165,27 @@ struct lt_hook_path {
     __u64 last_off;
     __u64 last_ret;
 };
+
+/* Page faults (exceptions:page_fault_user): write faults of the traced processes, counted in the kernel per
+ * (process, faulting ip, site, address bucket of 1 << LT_FAULT_BUCKET_SHIFT bytes). site is the word at the user
+ * stack pointer when the ip is in libc (memset/memcpy are leaf functions: that word is their caller), else 0.
+ * User space takes and deletes the counts every tick (the map stays small); a fault whose key the map has no
+ * room for is counted in fault_stats[LT_FSTAT_DROPPED]. */
+#define LT_FAULT_BUCKET_SHIFT 21
+struct lt_fault_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 ip;
+    __u64 site;
+    __u64 bucket;    /* faulting address >> LT_FAULT_BUCKET_SHIFT */
+};
+
+/* fault_stats (per-CPU array) indices. */
+#define LT_FSTAT_WRITES 0   /* write faults of the traced processes */
+#define LT_FSTAT_SAMPLED 1  /* of them, counted in fault_counts (1 in LT_FAULT_SAMPLE) */
+#define LT_FSTAT_DROPPED 2  /* sampled faults fault_counts had no room for */
+#define LT_FSTAT_WINDOWS 3  /* LT_EV_FAULTWIN windows sent */
+#define LT_NFSTATS 4
 
 /* Call-site cache key: one user stack per (process, return address). */
 struct lt_site_key {

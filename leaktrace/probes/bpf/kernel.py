@@ -77,6 +77,11 @@ class KernelSide:
             self.prog.cleanup()
             raise BpfUnavailable(f"cannot open the BPF ring buffer: {e}") from e
 
+    @property
+    def lib(self) -> Any:
+        """libbcc (its bpf_* syscall wrappers)."""
+        return self._lib
+
     def close(self) -> None:
         self.prog.cleanup()
         self.prog = None

@@ -11,9 +11,11 @@ import ctypes as ct
 EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP, EV_MPROTECT = range(1, 10)
 EV_SHMAT, EV_SHMDT = 10, 11  # SysV shm attach (fd = shmid, len 0: sized in user space) and detach
 EV_HOOKWIN = 12  # a window of a hooked mmap to learn the hook's frames from (nothing to account)
+EV_FAULTWIN = 13  # a window of the first write fault of a fault key, to name who touched the page from
 EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
                EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect",
-               EV_SHMAT: "shmat", EV_SHMDT: "shmdt", EV_HOOKWIN: "hookwin"}
+               EV_SHMAT: "shmat", EV_SHMDT: "shmdt", EV_HOOKWIN: "hookwin",
+               EV_FAULTWIN: "faultwin"}
 # The events that carry the call site of their syscall (its caller, the stack key of what it accounts).
 SITE_EVENTS = frozenset({EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT})
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
@@ -21,6 +23,11 @@ MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status
 ANON_FD = 0xFFFFFFFF
 SCAN_BYTES = 4096  # LT_SCAN_BYTES
+FAULT_BUCKET_SHIFT = 21  # fault_counts' address buckets: 2 MiB
+# fault_stats indices (LT_FSTAT_*): write faults, of them counted (sampled), dropped (map full), windows sent
+FSTAT_WRITES, FSTAT_SAMPLED, FSTAT_DROPPED, FSTAT_WINDOWS = range(4)
+NFSTATS = 4
+FAULT_STATS = ["fault_writes", "fault_sampled", "fault_dropped", "fault_windows"]
 
 
 class RegionKey(ct.Structure):
@@ -63,6 +70,13 @@ class HookPath(ct.Structure):
     """struct lt_hook_path: where a dispatch path's caller is, and the hook frame that checks the path."""
 
     _fields_ = [("dispatch_off", ct.c_uint64), ("last_off", ct.c_uint64), ("last_ret", ct.c_uint64)]
+
+
+class FaultKey(ct.Structure):
+    """struct lt_fault_key: (process, faulting ip, site: memset's caller when ip is in libc, 2 MiB bucket)."""
+
+    _fields_ = [("tgid", ct.c_uint32), ("pad", ct.c_uint32), ("ip", ct.c_uint64), ("site", ct.c_uint64),
+                ("bucket", ct.c_uint64)]
 
 
 class WindowEvent(Event):

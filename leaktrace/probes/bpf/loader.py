@@ -191,6 +191,18 @@ def sysv_defines() -> dict[str, int]:
     return {"LT_SYSV_TRACEPOINTS": 1} if ok else {}
 
 
+FAULT_TRACEPOINT = "exceptions/page_fault_user"
+
+
+def fault_defines() -> dict[str, int]:
+    """``LT_NO_FAULTS`` when the kernel has no user page-fault tracepoint (attaching a missing one would fail the
+    whole program): growth by touching pages is then left to the watcher, unnamed."""
+    from leaktrace.tracefs import mounted_root
+
+    root = mounted_root()
+    return {} if root is not None and os.path.isdir(f"{root}/events/{FAULT_TRACEPOINT}") else {"LT_NO_FAULTS": 1}
+
+
 def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None = None) -> tuple[Any, HeaderChoice]:
     """Compile and load ``bpf/<name>`` with BCC. Raises :class:`BpfUnavailable` with a remedy."""
     if os.geteuid() != 0:
@@ -205,7 +217,7 @@ def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None =
         raise BpfUnavailable(f"BPF program {src} is missing", f"{resources.BPF.remedy()}; or pass --no-bpf")
     try:
         prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(src_dir, {**exit_defines(), **sysv_defines(),
-                                                                                 **(defines or {})}))
+                                                                                 **fault_defines(), **(defines or {})}))
     except Exception as e:  # noqa: BLE001 - bcc raises bare Exception for compile/load failures
         raise BpfUnavailable(f"BPF program failed to load ({choice.kind} headers): {str(e).strip()[:300]}") from e
     return prog, choice

@@ -1,0 +1,199 @@
+"""Who touches memory: the kernel's write-fault counts (bpf/leaktrace.bpf.c, exceptions:page_fault_user), named.
+
+Memory can grow with no syscall at all: a region reserved before attach (a 1 GiB MAP_NORESERVE arena) handed
+out piece by piece and written. The ledger sees nothing of it; /proc sees the region's resident pages grow; the
+page faults say whose code writes there. The kernel counts write faults per (process, faulting ip, site, 2 MiB
+bucket) in ``fault_counts`` and sends one stack window the first time a (process, ip, site) faults. Here:
+
+- each window names the code that touched the page: the ip itself when it is outside the C runtime, else the
+  first return address outside it in the window (memset and memcpy touch pages for whoever called them);
+- every tick the counts are taken out of the kernel's map (so it stays small) and written as ``fault_sites``
+  rows, one per (process, toucher site, region or bucket): a region the ledger holds as mapped before attach
+  is named with its bounds and its VmFlags (``nr``: MAP_NORESERVE) from /proc/PID/smaps, read once per region;
+- the kernel's fault counters go to ``fault_stats``.
+
+Session tables written (``t`` = seconds since hunt start):
+
+``fault_sites``  per tick and (pid, ip, site, region or 2 MiB bucket): t, pid, ip, site (memset's caller when ip
+                 is in libc, else 0), caller (the toucher's address), library (the toucher's), symbol, start and
+                 end (the addresses the faults fell in: the region's, or the bucket's), faults (write faults
+                 counted; scale by ``sample``), sample, preexisting (the region was mapped before attach),
+                 region_start, region_end, vmflags (smaps' VmFlags of that region: "rd wr mr mw me nr ac")
+``fault_stats``  per tick: t, writes, sampled, dropped (faults the kernel's map had no room for), windows
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+import re
+from collections import defaultdict
+from typing import Any
+
+from leaktrace import procfs
+from leaktrace.errors import AccessDenied, ProcessGone
+from leaktrace.probes import HuntContext
+from leaktrace.probes.bpf.kernel import KernelSide
+from leaktrace.probes.bpf.layout import FAULT_BUCKET_SHIFT, FAULT_STATS, FaultKey, WindowEvent
+from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.stackscan import StackScanner
+
+BUCKET = 1 << FAULT_BUCKET_SHIFT
+DEFAULT_SAMPLE = 1  # LT_FAULT_SAMPLE's default in bpf/leaktrace.bpf.c
+MAX_ROWS = 20_000  # fault_sites rows per tick: past this, a tick's buckets are merged per toucher
+_SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ", re.M)
+
+
+def _i64(x: int) -> int:
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+class FaultSites:
+    """The fault counts of ``kernel``'s program, named with ``symbols`` and ``scanner``; regions mapped before
+    attach are those ``ledger`` holds as pre-existing. ``sample``: the program's LT_FAULT_SAMPLE."""
+
+    def __init__(self, kernel: KernelSide, ledger: OutstandingLedger, symbols: Symbolizer, scanner: StackScanner,
+                 sample: int = DEFAULT_SAMPLE) -> None:
+        self.kernel = kernel
+        self.ledger = ledger
+        self.symbols = symbols
+        self.scanner = scanner
+        self.sample = sample
+        self._callers: dict[tuple[int, int, int], int] = {}  # (pid, ip, site) -> the toucher's address
+        self._vmflags: dict[tuple[int, int], str] = {}  # (pid, region start) -> VmFlags
+        self._buf: tuple[Any, Any, int] | None = None  # keys and counts taken from the kernel, reused per tick
+
+    def learn(self, e: WindowEvent) -> None:
+        """A window of the first fault of (pid, ip, site): the code that touched the page."""
+        key = (e.tgid, e.ip, e.site)
+        if len(self._callers) > 200_000:
+            self._callers.clear()
+        self._callers[key] = self._toucher(e.tgid, e.ip, e.site, e.window if isinstance(e, WindowEvent) else b"")
+
+    def _toucher(self, pid: int, ip: int, site: int, window: bytes) -> int:
+        if self.scanner.in_runtime(pid, ip) is not True:
+            return ip  # the library's own code wrote the page
+        if window:
+            caller = self.scanner.caller(pid, self.scanner.return_addresses(pid, window, to_caller=True))
+            if caller is not None:
+                return caller
+        return site or ip
+
+    def forget(self, pid: int) -> None:
+        self._callers = {k: v for k, v in self._callers.items() if k[0] != pid}
+        self._vmflags = {k: v for k, v in self._vmflags.items() if k[0] != pid}
+
+    # ------------------------------------------------------------------ per tick
+    def tick(self, ctx: HuntContext) -> None:
+        """This tick's ``fault_sites`` and ``fault_stats`` rows; nothing when the program has no fault probe."""
+        prog = self.kernel.prog
+        if prog is None or not _has_map(prog, b"fault_counts"):
+            return
+        t = ctx.session.now()
+        ctx.session.append("fault_sites", self.rows(t))
+        ctx.session.append("fault_stats", {"t": t, **self.stats()})
+
+    def take_counts(self) -> list[tuple[FaultKey, int]]:
+        """The counts since the last take, removed from the kernel's map (BPF_MAP_LOOKUP_AND_DELETE_BATCH,
+        called here: bcc's wrapper passes one variable as both the batch token and the count, and the
+        kernel's token overwrites the count)."""
+        table = self.kernel.prog[b"fault_counts"]
+        if self._buf is None:
+            n = table.max_entries
+            self._buf = ((table.Key * n)(), (table.Leaf * n)(), n)
+        keys, vals, n = self._buf
+        lib = self.kernel.lib
+        out: list[tuple[FaultKey, int]] = []
+        token_in, token_out, cnt = ct.c_uint32(0), ct.c_uint32(0), ct.c_uint32(0)
+        for first in (True, *([False] * 64)):
+            cnt.value = n
+            res = lib.bpf_lookup_and_delete_batch(table.map_fd, None if first else ct.byref(token_in),
+                                                  ct.byref(token_out), ct.byref(keys), ct.byref(vals),
+                                                  ct.byref(cnt))
+            err = ct.get_errno()
+            out += [(FaultKey(k.tgid, 0, k.ip, k.site, k.bucket), int(v)) for k, v in
+                    zip(keys[:cnt.value], vals[:cnt.value], strict=True)]
+            if res != 0:
+                if err not in (errno.ENOENT, 0):
+                    raise OSError(err, f"reading fault_counts: {os.strerror(err)}")
+                break
+            token_in.value = token_out.value
+        return out
+
+    def stats(self) -> dict[str, int]:
+        table = self.kernel.prog[b"fault_stats"]
+        return {name.removeprefix("fault_"): int(sum(table[ct.c_int(i)])) for i, name in enumerate(FAULT_STATS)}
+
+    def rows(self, t: float) -> list[dict[str, Any]]:
+        """``fault_sites`` rows of the counts taken now (see the module doc)."""
+        groups: dict[tuple[int, int, int, int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
+        for k, n in self.take_counts():
+            a = k.bucket << FAULT_BUCKET_SHIFT
+            region = self._preexisting_region(k.tgid, a)
+            lo, hi = region if region is not None else (a, a + BUCKET)
+            g = groups[(k.tgid, k.ip, k.site, lo, hi)]
+            g[0] += n
+            g[1] = 1 if region is not None else 0
+        if len(groups) > MAX_ROWS:
+            merged: dict[tuple[int, int, int, int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
+            for (pid, ip, site, lo, hi), (n, pre, _) in groups.items():
+                g = merged[(pid, ip, site, 0 if not pre else lo, 0 if not pre else hi)]
+                g[0] += n
+                g[1] = pre
+            groups = merged
+        out = []
+        for (pid, ip, site, lo, hi), (n, pre, _) in groups.items():
+            caller = self._callers.get((pid, ip, site)) or self._toucher(pid, ip, site, b"")
+            if not self.symbols.knows(pid, caller):
+                continue  # gone before it was named (an exit): nothing to tell who it was
+            frame = self.symbols.frame(pid, caller)
+            out.append({"t": t, "pid": pid, "ip": _i64(ip), "site": _i64(site), "caller": _i64(caller),
+                        "library": frame.library, "symbol": str(frame), "start": lo, "end": hi, "faults": n,
+                        "sample": self.sample, "preexisting": bool(pre),
+                        "region_start": lo if pre else 0, "region_end": hi if pre else 0,
+                        "vmflags": self._flags(pid, lo) if pre else ""})
+        return out
+
+    def _preexisting_region(self, pid: int, a: int) -> tuple[int, int] | None:
+        """The anonymous region mapped before attach (the ledger's seeded interval) that holds most of the bucket
+        at ``a``: the faults of a bucket are not placed within it, so a region covering less of it (a small
+        one, or the edge of one) is not given them."""
+        sp = self.ledger.spaces.get(pid)
+        if sp is None:
+            return None
+        for iv in sp.overlapping(a, a + BUCKET):
+            if iv.origin.preexisting and not iv.origin.path and min(iv.end, a + BUCKET) - max(iv.start, a) > BUCKET // 2:
+                return iv.start, iv.end
+        return None
+
+    def _flags(self, pid: int, start: int) -> str:
+        hit = self._vmflags.get((pid, start))
+        if hit is None:
+            try:
+                hit = _vmflags_at(procfs.read_proc_text(pid, "smaps"), start)
+            except (ProcessGone, AccessDenied, OSError):
+                hit = ""
+            self._vmflags[(pid, start)] = hit
+        return hit
+
+
+def _vmflags_at(smaps: str, start: int) -> str:
+    """The VmFlags of the smaps entry that contains ``start`` ("" when none does)."""
+    for m in _SMAPS_HEADER.finditer(smaps):
+        lo, hi = int(m.group(1), 16), int(m.group(2), 16)
+        if lo <= start < hi:
+            at = smaps.find("VmFlags:", m.end())
+            nxt = _SMAPS_HEADER.search(smaps, m.end())
+            if at < 0 or (nxt is not None and at > nxt.start()):
+                return ""
+            return smaps[at + len("VmFlags:"):smaps.find("\n", at)].strip()
+    return ""
+
+
+def _has_map(prog: Any, name: bytes) -> bool:
+    try:
+        prog[name]
+    except Exception:  # noqa: BLE001 - bcc raises KeyError or a bare Exception for a map the program lacks
+        return False
+    return True
