@@ -176,7 +176,15 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
     the stop reason it gives), or (None, "deadline")."""
     fatal: LeaktraceError | None = None
     stop_reason = "deadline"
+    # Work a probe can do before its turn (the eBPF program's compile: seconds of LLVM, in C++ without the
+    # GIL) starts now, in the background, beside the other probes' starts.
     for p in probes:
+        prepare = getattr(p, "prepare", None)
+        if prepare is not None:
+            prepare(ctx)
+    took: dict[str, float] = {}
+    for p in probes:
+        t0 = time.monotonic()
         try:
             p.start(ctx)
             started.append(p)
@@ -186,9 +194,15 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
                 stop_reason = f"probe {p.name} failed: {e}"
                 break
             ctx.warn(f"{p.name} probe off: {e}")
+        finally:
+            # a probe that prepared in the background says what its whole start took (``start_s``)
+            took[p.name] = round(getattr(p, "start_s", None) or time.monotonic() - t0, 3)
+    for p in probes:
+        if p not in started and hasattr(p, "cancel"):
+            p.cancel()  # prepared but never started (a required probe failed first): its work undone
     session = ctx.session
     attach_s = session.now()
-    session.update_meta(attach_s=attach_s, probes=[p.name for p in started])
+    session.update_meta(attach_s=attach_s, probe_attach_s=took, probes=[p.name for p in started])
     if fatal is None:
         ctx.log(f"attached {len(started)} probe(s) to {len(ctx.targets.live())} process(es) in {attach_s:.2f}s: "
                 + ", ".join(p.name for p in started))
@@ -241,10 +255,12 @@ def _stop_and_close(started: list[Probe], ctx: HuntContext, stop_reason: str) ->
     summaries. Returns the hunt's duration (seconds since attach)."""
     session, targets = ctx.session, ctx.targets
     for p in reversed(started):
+        t0 = time.monotonic()
         try:
             p.stop()
         except Exception as e:  # noqa: BLE001 - stopping must reach every probe
             ctx.warn(f"{p.name} stop: {e}")
+        ctx.tick_costs.stopped(p.name, time.monotonic() - t0)
     summaries = {}
     for p in started:
         try:

@@ -68,7 +68,7 @@ class LiveFigures:
     rollup: dict[int, dict[str, Any]] = field(default_factory=dict)  # watcher: smaps_rollup row per pid
     # bpf: outstanding_bytes, events, lost_events, outstanding_by_library {library: bytes},
     # outstanding_by_pid {pid: bytes} (what each process mapped since attach and still holds), top_sites [{pid,
-    # site, ip, kind, bytes, frames}] (the call sites holding most of that, per process: where gdb stops)
+    # site, ip, kind, bytes, frames, break_at}] (the call sites holding most of that, per process: gdb stops there)
     bpf: dict[str, Any] = field(default_factory=dict)
     gdb: dict[str, Any] = field(default_factory=dict)  # gdb: runs, samples, paused_s
     vllm_instances: list[dict[str, Any]] = field(default_factory=list)  # vllm: one per server (port, role…)
@@ -87,6 +87,10 @@ class TickCosts:
         self.late_ticks = 0  # started more than one interval after they were due
         self.max_late_s = 0.0
         self.max_late_at_s: float | None = None
+        self.stop_s: dict[str, float] = {}  # what each probe's stop took (its last reads, its threads joined)
+
+    def stopped(self, name: str, wall_s: float) -> None:
+        self.stop_s[name] = round(wall_s, 3)
 
     def add(self, name: str, wall_s: float, cpu_s: float, now: float) -> None:
         d = self.probes.setdefault(name, {"ticks": 0, "wall_s": 0.0, "cpu_s": 0.0, "max_wall_s": 0.0,
@@ -112,6 +116,7 @@ class TickCosts:
                 "children_cpu_s": round(kids.ru_utime + kids.ru_stime, 3),  # helpers reaped: gdb, walkers
                 "ticks": self.ticks, "late_ticks": self.late_ticks, "max_late_s": round(self.max_late_s, 3),
                 "max_late_at_s": None if self.max_late_at_s is None else round(self.max_late_at_s, 3),
+                "stop_s": dict(self.stop_s),
                 "probes": {k: {f: (int(v) if f == "ticks" else round(v, 4)) for f, v in d.items()}
                            for k, d in self.probes.items()}}
 
