@@ -23,11 +23,13 @@ not measurable from outside (vLLM's ``VLLM_GC_DEBUG`` logs them in-process).
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
 from typing import Any
 
+from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
 from leaktrace.probes.pyheap_read import (  # noqa: F401 - the readers are this probe's API too
@@ -39,6 +41,13 @@ from leaktrace.probes.pyheap_read import (  # noqa: F401 - the readers are this 
     read_python_heap,
 )
 from leaktrace.probes.pyheap_worker import WalkerGone, WalkerProcess
+
+
+def _looks_like_python(pid: int) -> bool:
+    try:
+        return bool(PY_LIB_RE.search(os.readlink(f"{procfs.PROC}/{pid}/exe")))
+    except OSError:
+        return False
 
 
 class PyHeapProbe:
@@ -54,11 +63,18 @@ class PyHeapProbe:
     name = "pyheap"
     MIN_WALK_GAP_S = 5.0
     WALK_DUTY = 0.02
+    # All processes together: the walker's CPU seconds at most this share of one core (a node serving vLLM
+    # has 8 Python processes: per-process duty alone would let the walks take 0.16 of a core). One walk at a
+    # time, the process walked longest ago first, the first one FIRST_WALK_S after attach: the walks are
+    # spread over the hunt, none delays its start.
+    TOTAL_WALK_DUTY = 0.03
+    FIRST_WALK_S = 1.0
+    LOCATE_RETRY_S = 5.0  # a process whose interpreter was not found (not up yet, an exec) is looked at again
     IN_PROCESS = False
     WALK_BUDGET_S = 120.0  # a walk in the walker process: it delays nothing of the hunt, and a niced walk of
     # ~700k objects takes 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine
     # (bench_pyheap_ticklag)
-    STOP_WAIT_S = 20.0  # the walks at stop, all processes together
+    STOP_WAIT_S = 8.0  # the walks at stop, all processes together (then the counters for the rest)
     MAX_WALKER_FAILS = 3  # walker processes that did not answer, in a row: the walks stop (counters go on)
 
     def __init__(self, options: HuntOptions) -> None:
@@ -78,20 +94,21 @@ class PyHeapProbe:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._located_at: dict[int, float] = {}  # pid -> when its interpreter was last looked for
+        self._next_walk_at = 0.0  # monotonic: the next walk of any process (TOTAL_WALK_DUTY)
 
     def start(self, ctx: HuntContext) -> None:
+        """Nothing is read here: finding each interpreter (its maps, the ELF symbols, DWARF through gdb:
+        seconds for 8 vLLM processes) and the walks run in the probe's thread, after the hunt is live."""
         self.ctx = ctx
-        self._sample("counters")
-        n = sum(1 for v in self.python_pids.values() if v)
-        if n:
-            ctx.log(f"pyheap: {n} Python process(es), GC state and object types read from memory "
-                    "(no code run in the targets, never stopped)")
+        self._next_walk_at = time.monotonic() + self.FIRST_WALK_S
         if not self.IN_PROCESS:
             # Started from the hunt's own thread (it lives until stop): PR_SET_PDEATHSIG fires when the
-            # thread that started the worker ends. No Python target yet: started by the first walk.
+            # thread that started the worker ends. Only when a target looks like Python (else the first walk
+            # starts it); its interpreter starts while the hunt goes on.
             self.walker = WalkerProcess()
             try:
-                if n:
+                if any(_looks_like_python(pid) for pid in ctx.targets.live()):
                     self.walker.spawn()
             except OSError as e:
                 ctx.warn(f"pyheap: no walker process ({e}): GC counters only, no object types")
@@ -100,17 +117,66 @@ class PyHeapProbe:
         self._thread.start()
 
     def _walker(self) -> None:
-        while not self._stop.wait(0.25):
+        logged = False
+        while True:
             try:
+                self._locate_new()
+                if not logged and self.python_pids and self.ctx is not None:
+                    logged = True
+                    n = sum(1 for v in self.python_pids.values() if v)
+                    if n:
+                        self.ctx.log(f"pyheap: {n} Python process(es), GC state and object types read from "
+                                     "memory (no code run in the targets, never stopped)")
+                if self._stop.wait(0.25):
+                    return
                 self._sample("due")
             except Exception as e:  # noqa: BLE001 - the walker ending must not end the hunt
                 if self.ctx is not None:
                     self.ctx.warn(f"pyheap walk: {e.__class__.__name__}: {e}")
                 return
 
+    def _locate_new(self) -> None:
+        """Find the interpreter of each live process not located yet (not Python: never looked at again)."""
+        assert self.ctx is not None
+        rows = []
+        for pid in self.ctx.targets.live():
+            if self._stop.is_set():
+                break
+            if pid in self._where or self.python_pids.get(pid) is False:
+                continue
+            if time.monotonic() - self._located_at.get(pid, float("-inf")) < self.LOCATE_RETRY_S:
+                continue
+            self._located_at[pid] = time.monotonic()
+            try:
+                found = locate(pid)
+            except (LeaktraceError, OSError, ValueError, KeyError):
+                continue
+            if isinstance(found, Interpreter):
+                self._where[pid] = found
+                self.python_pids[pid] = True
+                continue
+            self.python_pids[pid] = bool(found.get("python"))
+            if found.get("python"):  # Python without usable offsets: the row says why
+                found["t"] = self.ctx.session.now()
+                with self._lock:
+                    if "error" in found and pid not in self.last:
+                        self.ctx.warn(f"pyheap: pid {pid}: {found['error']}")
+                    self.last[pid] = found
+                rows.append(found)
+        self.ctx.session.append("pyheap", rows)
+
     def _walk_due(self, pid: int, now: float) -> bool:
         end, cost = self._walked.get(pid, (float("-inf"), 0.0))
         return now - end >= max(self.MIN_WALK_GAP_S, cost / self.WALK_DUTY)
+
+    def _next_due(self, now: float) -> int | None:
+        """The one process to walk now: none before the walks' shared gap has passed, else the one due that
+        was walked longest ago."""
+        assert self.ctx is not None
+        if time.monotonic() < self._next_walk_at:
+            return None
+        due = [pid for pid in self.ctx.targets.live() if pid in self._where and self._walk_due(pid, now)]
+        return min(due, key=lambda pid: self._walked.get(pid, (float("-inf"), 0.0))[0], default=None)
 
     def _sample(self, mode: str) -> None:
         """``counters`` (every tick), ``due`` (the walks due, from the walker thread) or ``all`` (a walk
@@ -119,13 +185,19 @@ class PyHeapProbe:
         session = self.ctx.session
         rows, type_rows = [], []
         stop_by = time.monotonic() + self.STOP_WAIT_S  # mode "all": the walks at stop, all together
-        for pid in self.ctx.targets.live():
+        pids = self.ctx.targets.live()
+        if mode == "due":
+            one = self._next_due(session.now())
+            pids = [] if one is None else [one]
+        elif mode == "all":  # those walked longest ago first: the stop's time may not reach every one
+            pids.sort(key=lambda pid: self._walked.get(pid, (float("-inf"), 0.0))[0])
+        for pid in pids:
             if self.python_pids.get(pid) is False:
                 continue
+            if mode == "counters" and pid not in self._where:
+                continue  # located by the probe's thread
             t0 = session.now()
-            walk = mode == "all" or (mode == "due" and self._walk_due(pid, t0))
-            if mode == "due" and not walk:
-                continue
+            walk = mode != "counters"
             if walk and not self.IN_PROCESS and self._walker_fails >= self.MAX_WALKER_FAILS:
                 if mode == "due":
                     continue
@@ -141,7 +213,9 @@ class PyHeapProbe:
                 elif walk and not self.IN_PROCESS:
                     st = self._walk_out(pid, where, mode, stop_by)
                     if st is None:
-                        continue
+                        if mode != "all":
+                            continue
+                        walk, st = False, read_python_heap(pid, walk=False, where=where)  # at stop: the counters
                 else:
                     st = read_python_heap(pid, walk=walk, where=where)
             except (LeaktraceError, OSError, ValueError, KeyError, struct.error):
@@ -159,6 +233,7 @@ class PyHeapProbe:
             if not st.get("python"):
                 continue
             st["t"] = (t0 + t1) / 2 if walk else t1
+            cpu = st.pop("cpu_s", None)
             if walk and "walk_ms" in st:
                 # the walk's own cost (the first read also finds the structure offsets: once per file)
                 cost = st["walk_ms"] / 1000
@@ -166,6 +241,7 @@ class PyHeapProbe:
                     self._walked[pid] = (t1, cost)
                     self.walks += 1
                     self.walk_s += cost
+                    self._next_walk_at = time.monotonic() + (cost if cpu is None else cpu) / self.TOTAL_WALK_DUTY
             types = st.pop("types", None)
             if types:
                 type_rows += [{"t": st["t"], "pid": pid, "type": name, "count": n, "frozen": f}
@@ -211,7 +287,7 @@ class PyHeapProbe:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=10)  # a walk sees the stop within 0.2 s; a locate may run gdb
         if self.walker is not None and self.walker.spawned_in is self._thread:
             self.walker.close()  # started again by the walker thread, which ended: a fresh one for the last walks
         try:

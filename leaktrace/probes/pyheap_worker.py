@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from leaktrace.errors import LeaktraceError, ProcessGone
 
 if TYPE_CHECKING:
-    from leaktrace.probes.pyheap import Interpreter
+    from leaktrace.probes.pyheap_read import Interpreter
 
 
 class WalkerGone(LeaktraceError):
@@ -112,6 +112,8 @@ class WalkerProcess:
                 break  # earlier ids: answers given up on (stop, timeout), dropped
         if "ok" in ans:
             st = ans["ok"]
+            if "cpu_s" in ans:
+                st["cpu_s"] = float(ans["cpu_s"])  # the walk's CPU time in the worker (popped by the probe)
             if isinstance(st.get("types"), dict):
                 st["types"] = {k: (v[0], v[1]) for k, v in st["types"].items()}
             return st
