@@ -29,6 +29,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
 from leaktrace.probes.bpf.hookpaths import HookPaths
 from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import (
@@ -36,6 +37,7 @@ from leaktrace.probes.bpf.layout import (
     EV_BRK,
     EV_EXEC,
     EV_EXIT,
+    EV_FAULTWIN,
     EV_FORK,
     EV_HOOKWIN,
     EV_LIBMAP,
@@ -82,6 +84,8 @@ class BpfProbe:
         self.origins = GrowthOrigins(self.scanner)
         self.kernel = KernelSide(self.ledger, self.origins)
         self.hooks = HookPaths(self.kernel, self.symbols, self.scanner)
+        self.faults = FaultSites(self.kernel, self.ledger, self.symbols, self.scanner,
+                                 self.defines.get("LT_FAULT_SAMPLE", DEFAULT_SAMPLE))
         self.libraries = LibraryNames(self.ledger, self.symbols, self._refresh_maps)
         self.writer: SnapshotRows | None = None  # made at start: it writes into the hunt's session
         self.lock = threading.RLock()
@@ -284,6 +288,7 @@ class BpfProbe:
             return
         self.kernel.read_counters(self._counters)
         self.writer.snapshot(self._counters, len(self._queue))
+        self.faults.tick(self.writer.ctx)
 
     def _drain_at_stop(self) -> None:
         """Untarget every process, then apply all the ring holds. While the targets are traced, the kernel's
@@ -333,6 +338,9 @@ class BpfProbe:
         for e in batch:
             if e.type == EV_HOOKWIN:  # nothing to account: a window to learn a hook's frames from
                 self.hooks.learn(e)
+                continue
+            if e.type == EV_FAULTWIN:  # nothing to account: a window naming who touched a page
+                self.faults.learn(e)
                 continue
             self._apply(e, kmap, taken)
             rows.append(self.writer.event_row(e))
