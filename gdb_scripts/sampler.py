@@ -13,6 +13,12 @@ unlike a breakpoint) in non-stop mode, so only the thread that made the syscall 
 stops twice (entry and exit); the entry stop is resumed at once, the exit stop records the result and
 the backtrace, then resumes the thread. Signals pass through untouched (sampler_settings.gdb).
 
+At a call site (config["site"]: {"address", "label"}): once the eBPF ledger knows which call site grows, a
+breakpoint at that return address (the instruction after the call that mapped the memory) stops only the
+thread coming back through it, with the call's result in rax (the address mapped) and the full DWARF stack
+above; each stop is one sample labelled ``label``. A breakpoint is an int3 written into the target: it is
+deleted before every detach (``finish``), and gdb removes what it inserted if it exits attached.
+
 Symbols first, before the attach (``leaktrace-symbols``: ``add-symbol-file`` of each library mapped in the
 target, at the load bias the driver read from /proc/PID/maps; ``symbols_s``). They are never read while
 attached: a command as long as that keeps gdb out of its event loop, and every thread of the target that
@@ -265,6 +271,9 @@ class Sampler:
         self.per_stop_overhead_s = float(config.get("per_stop_overhead_us", 150.0)) / 1e6
         self.max_frames = int(config.get("max_frames", 64))
         self.stacks_on_munmap = bool(config.get("stacks_on_munmap", True))
+        site = config.get("site") or {}
+        self.site = int(site.get("address") or 0)  # nonzero: sample at this call site, not at the syscalls
+        self.site_label = str(site.get("label") or "mmap")
         self.out = open(config["out"], "a", buffering=1)  # noqa: SIM115 - lives as long as the sampling
         self.libs = None
         self.symbols = {}
@@ -341,10 +350,14 @@ class Sampler:
         gdb.events.stop.connect(self.on_stop)
         gdb.events.exited.connect(self.on_exited)
         self.active = True
-        self.catchpoint = self._catch_syscalls()
-        # Threads resumed before the catchpoint existed run under PTRACE_CONT and would never stop
-        # at a syscall: stop each once (on_stop resumes it at once, now with syscall tracing).
-        gdb.execute("interrupt -a", to_string=True)
+        if self.site:
+            # Breakpoints stop threads running under PTRACE_CONT too: nothing to interrupt.
+            self.catchpoint = self._break_at_site()
+        else:
+            self.catchpoint = self._catch_syscalls()
+            # Threads resumed before the catchpoint existed run under PTRACE_CONT and would never stop
+            # at a syscall: stop each once (on_stop resumes it at once, now with syscall tracing).
+            gdb.execute("interrupt -a", to_string=True)
         self.t_start = time.monotonic()
         self.emit({"type": "attached", "pid": self.pid, "t_mono": self.t_start, "attach_s": attach_s,
                    "symbols_s": self.symbols_s, "threads": len(gdb.selected_inferior().threads()),
@@ -357,6 +370,11 @@ class Sampler:
         for b in new:
             b.silent = True  # no stop banner on MI for every syscall
         return new[0] if new else None
+
+    def _break_at_site(self):
+        bp = gdb.Breakpoint(f"*{self.site:#x}", internal=True)
+        bp.silent = True
+        return bp
 
     def finish(self, reason):
         """Detach and write the end record. Safe to call more than once and from any gdb event."""
@@ -424,7 +442,10 @@ class Sampler:
                 thread.switch()
             ours = isinstance(event, gdb.BreakpointEvent) and self.catchpoint in event.breakpoints
             tid = thread.ptid[1]
-            if ours and tid not in self.in_syscall:
+            if ours and self.site:
+                if self.ending is None:
+                    self.record_at_site(thread, gdb.newest_frame(), t0)
+            elif ours and tid not in self.in_syscall:
                 # A thread's caught stops alternate entry, exit: at an entry there is nothing to read,
                 # and building a frame (registers, unwinder) would cost more than the rest of the stop.
                 self.in_syscall.add(tid)
@@ -492,6 +513,18 @@ class Sampler:
         if syscall != "munmap":
             self.samples += 1
 
+    def record_at_site(self, thread, frame, t0):
+        """A thread back at the call site: the call's result (rax) and the stack from the site out."""
+        result = int(frame.read_register("rax")) & 0xFFFFFFFFFFFFFFFF
+        signed = result - (1 << 64) if result >= 1 << 63 else result
+        error = -signed if -4096 < signed < 0 else 0
+        self.emit({"type": "sample", "pid": self.pid, "tid": thread.ptid[1], "t_mono": time.monotonic(),
+                   "syscall": self.site_label, "nr": -1, "result": result, "error": error,
+                   "addr": None if error else result, "length": None, "old_addr": None, "old_length": None,
+                   "site": self.site, "frames": self.backtrace(frame, innermost_is_return=True),
+                   "stop_us": (time.perf_counter() - t0) * 1e6})
+        self.samples += 1
+
     def symbol_at(self, pc):
         """(symbol, offset) of a code address, cached: the same call sites repeat in every stack."""
         hit = self.symbols.get(pc)
@@ -505,10 +538,11 @@ class Sampler:
                 self.symbols[pc] = hit
         return hit
 
-    def backtrace(self, frame):
+    def backtrace(self, frame, innermost_is_return=False):
         frames = []
         level = 0
-        pc_is_return_address = False
+        # At a call site the innermost pc is itself a return address (the call's last byte is before it).
+        pc_is_return_address = innermost_is_return
         while frame is not None and level < self.max_frames:
             pc = frame.pc()
             # Above the innermost frame pc is usually a return address: look the symbol up at pc-1,

@@ -3,6 +3,7 @@ pause budget, and the target left running (not stopped, not traced) on every way
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -445,3 +446,46 @@ def test_hunt_samples_a_process_whose_ledger_grows_while_its_rss_does_not(tmp_pa
     samples = reader.table("gdb_samples")
     mine = samples[(samples["pid"] == leak.pid) & (samples["syscall"] == "mmap")]
     assert len(mine) >= 1, runs
+
+
+@pytest.mark.bpf
+@pytest.mark.nixl
+@pytest.mark.skipif(os.geteuid() != 0, reason="BPF needs root")
+@pytest.mark.skipif(not (REPO / ".cache/ucx-1.20.1/.complete").exists() or not UCX_LEAK_BIN.exists(),
+                    reason="real UCX 1.20.1 target not built (tests/targets/setup_ucx.sh)")
+def test_hunt_stops_gdb_on_the_growing_call_path(spawn, tmp_path):
+    """Seed 002 as a hunt finds it: the ledger names the call site that grows (libucm's raw mmap, reached for
+    UCX's own pool chunks from libucs), and gdb stops only on that path (a breakpoint at the site's own caller,
+    past the hook every mapping of the process goes through), reading the symbols of that stack's libraries
+    only. Its DWARF stacks join the culprit, the pause stays in budget, and no breakpoint is left behind."""
+    env = {"UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib*,rdmacm",
+           "LD_LIBRARY_PATH": str(REPO / ".cache/ucx-1.20.1/libucx/lib")}
+    target = spawn([UCX_LEAK_BIN, "3000"], env=env)
+    ucx_patches = patched_code(target.pid)  # UCX's own bistro hooks in libc
+    out = tmp_path / "hunt"
+    r = run_cli("hunt", "--pid", target.pid, "--duration", "16", "--interval", "1", "--out", out,
+                "--format", "json", timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "at its growing call site" in r.stderr, r.stderr[-3000:]
+    reader = SessionReader(out)
+    runs = reader.table("gdb_runs")
+    run = runs[runs["pid"] == target.pid].iloc[0]
+    assert run["samples"] >= 1, run.to_dict()
+    budget = PauseBudget()
+    assert run["paused_s"] <= budget.pause_fraction * max(run["t_end"] - run["t_start"], budget.floor_s), run
+    assert run["symbols_s"] < 5.0 and run["state_after"] not in ("T", "t") and run["tracer_after"] == 0
+    samples = reader.table("gdb_samples")
+    mine = samples[(samples["pid"] == target.pid) & (samples["syscall"] == "mmap")]
+    stacks = [json.loads(s) for s in mine["stack"]]
+    # stopped past the hook, in libucs (not at libc's syscall), on the rcache's pool growth
+    assert stacks and all(st[0].startswith("libucs.so.0!") for st in stacks), stacks[:2]
+    assert any("ucs_mpool_grow" in f for f in stacks[0]) and any("ucm_event_dispatch" in f for f in stacks[0])
+    ledger = reader.table("ledger_regions")
+    held = ledger[(ledger["pid"] == target.pid) & (ledger["library"] == "libucm.so.0")]
+    assert any(((held["start"] <= a) & (a < held["end"])).any() for a in mine["addr"]), "no sample in a held chunk"
+    report = json.loads((out / "report.json").read_text())
+    ucm = next(c for c in report["culprits"] if c["pid"] == target.pid and c["library"] == "libucm.so.0")
+    assert any("gdb" in e and "DWARF" in e for e in ucm["evidence"]), ucm["evidence"]
+    assert any("ucm_event_dispatch" in f for f in ucm["stack"]), ucm["stack"]
+    assert patched_code(target.pid) == ucx_patches  # the breakpoint went with gdb
+    assert tracer_of(target.pid) == 0 and proc_state(target.pid) not in (None, "T", "t")

@@ -49,3 +49,16 @@ def test_a_gdb_stack_through_the_site_and_its_caller_is_taken() -> None:
     assert c.stack == deeper, c.stack
     assert c.extra["ledger_stack"] == RCACHE
     assert any("gdb (DWARF unwinding) confirms" in e for e in c.evidence), c.evidence
+
+
+def test_a_gdb_stack_stopped_at_the_sites_caller_goes_under_the_ledgers_inner_frames() -> None:
+    """gdb stopped by a breakpoint on the growing path (the site's own caller in libucs, past the hook): its
+    stack starts there; the culprit keeps the ledger's frames below (syscall, site) and takes gdb's above."""
+    at_caller = [f"{UCS}+0x3b7bc", f"{UCS}!ucs_mpool_grow+0x64", f"{UCS}!ucs_mpool_get_grow+0x15",
+                 f"{UCS}!ucs_rcache_unmapped_callback+0x9a", f"{UCM}!ucm_event_dispatch+0x3b",
+                 f"{UCM}!ucm_munmap+0x41"]
+    elsewhere = [f"{UCM}+0x5bd1", f"{UCM}!ucm_event_dispatch+0x3b"]  # another path's stop: not this culprit's
+    c = _ucx_culprit("stack-scan")
+    _add_gdb_stacks(_tables(elsewhere, at_caller), [c], [])
+    assert c.stack == RCACHE[:2] + at_caller, c.stack
+    assert any("gdb (DWARF unwinding) confirms" in e for e in c.evidence), c.evidence

@@ -39,6 +39,7 @@ from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pyobjects import fold_native, type_growth
 from leaktrace.analysis.rules import Rule, load_rules, render_template
 from leaktrace.analysis.threadstacks import recognise as recognise_thread_stacks
+from leaktrace.analysis.touch import joined_holds_growth, touch_candidates
 from leaktrace.session import TableSource
 
 
@@ -80,7 +81,8 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
         out["remedy_settings"] = {k: now.get(k) for k in rule.settings}  # effective in the process, at the end
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
-    for k in ("instance", "first_named_s", "python", "mapped_mb_per_min", "stacks_kept"):
+    for k in ("instance", "first_named_s", "python", "mapped_mb_per_min", "stacks_kept",
+              "touched_by", "mapped_before_attach", "region"):
         if k in c.extra:
             out[k] = c.extra[k]
     return out
@@ -157,11 +159,12 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th, types)
     watcher = watcher_candidates(reader, procs, info, shm, th)
     _attribute_by_address(reader, watcher, warnings)
+    touch = touch_candidates(reader, info, th)  # growth by touching pages of a region mapped before attach
     # Python objects that explain a process's growth take in the allocator's candidates of that process
     # (libc / interpreter malloc, /proc-only): the same memory, not separate leaks.
     ledger = fold_native(python, ledger, types)
-    watcher = uncovered_watcher(fold_native(python, watcher, types), ledger, python)
-    cands = ledger + python + watcher
+    watcher = uncovered_watcher(fold_native(python, watcher, types), ledger + touch, python)
+    cands = ledger + touch + python + watcher
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
     doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} | set(stopping)) - leaking
@@ -194,6 +197,8 @@ def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings:
         lib = max(by_lib, key=lambda k: by_lib[k])
         if by_lib[lib] < COVERED_SHARE * total or LIBC_LIBRARY.match(lib) or lib.startswith(("?", "(")):
             continue
+        if not joined_holds_growth(reader, c.pid, lib, by_lib[lib], c.mb_per_min):
+            continue  # what it holds there is balanced churn, not what grew
         top = next(s for s in sites if s.library == lib)
         c.library, c.outstanding_bytes, c.source = lib, by_lib[lib], "watcher+ledger"
         c.stack = frames.get(top.stack_key, [])
@@ -204,9 +209,11 @@ def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings:
                           f"ledger holds there), {top.regions} region(s) from call site {site}")
 
 
-def _gdb_stacks_through(reader: TableSource, pid: int, site: str, then: str | None = None) -> list[list[str]]:
+def _gdb_stacks_through(reader: TableSource, pid: int, site: str, then: str | None = None,
+                        ledger: list[str] | None = None) -> list[list[str]]:
     """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site and,
-    when ``then`` is given, its caller there after it."""
+    when ``then`` is given, its caller there after it; and those gdb took stopped at a frame of the ``ledger``
+    stack past the site (a breakpoint on the path that grows), under the ledger's frames below that one."""
     df = gdb_samples(reader)
     if df.empty:
         return []
@@ -216,6 +223,8 @@ def _gdb_stacks_through(reader: TableSource, pid: int, site: str, then: str | No
         frames = [str(f) for f in st] if st is not None else []
         if site in frames and (then is None or then in frames[frames.index(site) + 1:]):
             out.append(frames)
+        elif ledger and site in ledger and frames and frames[0] in ledger[ledger.index(site) + 1:]:
+            out.append(ledger[:ledger.index(frames[0])] + frames)
     return out
 
 
@@ -238,7 +247,7 @@ def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[
         then = c.stack[at + 1] if 0 <= at < len(c.stack) - 1 and not c.stack[at + 1].startswith("?") else None
         try:
             if site is not None:
-                matching = _gdb_stacks_through(reader, c.pid, site, then)
+                matching = _gdb_stacks_through(reader, c.pid, site, then, c.stack)
                 if not matching:
                     continue
                 counts: dict[tuple[str, ...], int] = {}

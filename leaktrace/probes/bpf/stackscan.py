@@ -146,7 +146,8 @@ class StackScanner:
                   ) -> list[dict[str, Any]]:
         """The call sites holding most of what each process mapped since attach (``sites``: (pid, site, ip,
         stack_id, kind) -> bytes), each with its stack (``frames_of(pid, site, ip, stack_id)``, kept from its
-        first time): what the gdb probe needs to stop at the site that grows and read its libraries only."""
+        first time) and :meth:`own_caller`: what the gdb probe needs to stop on the path that grows and read
+        its libraries only."""
         by_pid: dict[int, list[tuple[int, tuple[int, int, int, int, str]]]] = {}
         for key, n in sites.items():
             by_pid.setdefault(key[0], []).append((n, key))
@@ -158,8 +159,19 @@ class StackScanner:
                     if len(self._site_frames) > 10_000:
                         self._site_frames.clear()
                     frames = self._site_frames[(pid, site, ip)] = frames_of(pid, site, ip, stack_id)
-                out.append({"pid": pid, "site": site, "ip": ip, "kind": kind, "bytes": n, "frames": frames})
+                out.append({"pid": pid, "site": site, "ip": ip, "kind": kind, "bytes": n, "frames": frames,
+                            "break_at": self.own_caller(pid, site, ip)})
         return out
+
+    def own_caller(self, pid: int, site: int, ip: int) -> int:
+        """Where a stop sees only this site's own path: the first return address of its chain outside the C
+        runtime and memory hooks (a hook's raw-mmap site is shared by every mapping it hooks; its caller, such
+        as libucs's pool growth, is not), else the site itself."""
+        chain = self.chains.get((pid, site))
+        if chain is None:
+            return site
+        return next((a for a in self.verified_chain(pid, chain, ip or None) if self.in_runtime(pid, a) is False),
+                    site)
 
     def verified_chain(self, pid: int, chain: list[int], below: int | None = None) -> list[int]:
         """``chain`` (return addresses, innermost first) without the frames no call reached: each is kept when

@@ -2,23 +2,21 @@
 
 gdb is started through pygdbmi and runs leaktrace's in-gdb program (gdb_scripts/sampler.py, gdb's own
 Python: ~0.4 ms of pause per stop seen by the target, against ~1.5–4 ms when every stop is driven over MI;
-bench/bench_gdb.py). The driver here only starts it, tails the JSON lines it writes, enforces the
-deadline, and stops it.
+bench/bench_gdb.py). The driver only starts it, tails the JSON lines it writes, enforces the deadline, stops it.
 
 Never harm the target:
-- ``catch syscall`` in non-stop mode: no code is patched for sampling, and only the thread in the
-  syscall stops. (gdb's own dynamic-linker event breakpoint, one byte in ld.so, exists while attached
-  and goes at detach; the tests compare the target's code with its files after every end path.)
+- ``catch syscall`` in non-stop mode: no code is patched for sampling (a site's breakpoint is deleted before
+  every detach), only the stopped thread waits. (gdb's own dynamic-linker event breakpoint, in ld.so, goes
+  at detach; the tests compare the target's code with its files after every end path.)
 - A pause budget (default: stopped time ≤1% of the sampling time, counted over at least 30 s, so
   ≤300 ms at first, and ≤200 stops/s) ends sampling from inside gdb; every end path detaches (samples
   reached, time, budget, Ctrl-C/``stop()``, error, target exit). The first stack through large
   libraries costs gdb a one-off ~50–150 ms (unwind tables read lazily): the 30 s floor lets a process
   such as a vLLM worker give more than that one stack.
 - What the budget does not see: under ``catch syscall`` the kernel stops a traced thread at *every*
-  syscall (PTRACE_SYSCALL) and gdb resumes the non-matching ones itself, without running the
-  sampler; a syscall-heavy target pays that for the whole window (``gdb_seconds``, 10 s by default).
-  Rare call paths among frequent mmaps (seed 002's pool growth: one 148 KiB chunk per ~1,000 hooked
-  munmaps) need a larger budget (``--gdb-pause-pct``: HuntOptions.gdb_pause_fraction) or the eBPF ledger.
+  syscall (PTRACE_SYSCALL) and gdb resumes the non-matching ones itself; a syscall-heavy target pays that
+  for the whole window (``gdb_seconds``). Rare call paths among frequent mmaps (seed 002's pool growth)
+  are caught at their call site instead (``site``: a breakpoint where the eBPF ledger saw growth).
 - gdb runs in its own session (a Ctrl-C on the terminal reaches leaktrace only, which detaches
   cleanly). If leaktrace dies, even by SIGKILL, gdb reads EOF on its stdin, quits, and the sampler's
   ``gdb_exiting`` handler detaches first.
@@ -32,8 +30,7 @@ Never harm the target:
 - The attach stops the whole process briefly (``attach_s``, 0.1–0.2 s, torch loaded or not); it is
   reported apart from the per-stop budget. Sampling begins by a second command, once /proc shows no
   thread of the target in a ptrace stop: gdb resumes the threads whose attach stops it sees from its
-  event loop.
-  The probe samples each process once per hunt.
+  event loop. The probe samples each process once per hunt.
 """
 
 from __future__ import annotations
@@ -95,6 +92,7 @@ class GdbRun:
     state_after: str | None = None  # /proc state letter after the detach; None when the process is gone
     tracer_after: int | None = None  # TracerPid after the detach (0: none)
     sigcont: bool = False  # a stop left behind by attach/detach was undone with SIGCONT
+    site: int = 0  # the call site gdb stopped at (a breakpoint there), 0: the mapping syscalls (catch syscall)
     t_start_mono: float = 0.0  # time.monotonic() at the start, the sampler's clock too
     t_end_mono: float = 0.0
     records: list[dict[str, Any]] = field(default_factory=list)  # every JSON line the sampler wrote
@@ -102,7 +100,6 @@ class GdbRun:
     @property
     def sample_records(self) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get("type") == "sample"]
-
 
 
 def _gdb_controller_class():
@@ -135,7 +132,8 @@ class GdbAttach:
     def __init__(self, pid: int, max_samples: int = 0, max_seconds: float = 0.0,
                  budget: PauseBudget | None = None, workdir: str | None = None, gdb: str | None = None,
                  max_frames: int = 64, stacks_on_munmap: bool = True,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, site: dict[str, Any] | None = None,
+                 libraries: set[str] | None = None) -> None:
         self.pid = pid
         self.cancel = cancel  # set: give up the symbol read (not attached then: gdb is simply killed)
         self.gdb = gdb or find_gdb()
@@ -149,23 +147,23 @@ class GdbAttach:
                        "max_seconds": max_seconds, "pause_fraction": self.budget.pause_fraction,
                        "budget_floor_s": self.budget.floor_s, "max_stops_per_s": self.budget.max_stops_per_s,
                        "per_stop_overhead_us": self.budget.per_stop_overhead_us, "max_frames": max_frames,
-                       "stacks_on_munmap": stacks_on_munmap}
+                       "stacks_on_munmap": stacks_on_munmap, "site": site}
+        self.libraries = libraries  # only these files' symbols (a site's stack names them; torch's all: a minute)
         self.controller = None
-        self.run = GdbRun(pid=pid)
+        self.run = GdbRun(pid=pid, site=int((site or {}).get("address") or 0))
         self._offset = 0
         self._partial = b""
         self.state_before: str | None = None
         self.mi_errors: list[str] = []
 
-    @property
-    def gdb_pid(self) -> int | None:
-        return self.controller.gdb_process.pid if self.controller and self.controller.gdb_process else None
-
     def start(self) -> None:
         self.state_before = proc_state(self.pid)
         if self.state_before is None:
             raise NoSuchProcess(self.pid)
-        self.config_path.write_text(json.dumps({**self.config, "symbol_files": symbol_files(self.pid)}))
+        files = symbol_files(self.pid)
+        if self.libraries is not None:
+            files = [(path, bias) for path, bias in files if os.path.basename(path) in self.libraries]
+        self.config_path.write_text(json.dumps({**self.config, "symbol_files": files}))
         controller_cls = _gdb_controller_class()
         self.controller = controller_cls(command=[self.gdb, "--nx", "--quiet", "--interpreter=mi3",
                                                   "-x", str(SAMPLER_SCRIPT)])
@@ -355,8 +353,9 @@ def _one_line(text: str) -> str:
 
 def sample_process(pid: int, max_samples: int = 20, max_seconds: float = 10.0, budget: PauseBudget | None = None,
                    stop_event: threading.Event | None = None, on_records=None, **kwargs: Any) -> GdbRun:
-    """Attach to ``pid``, sample until ``max_samples`` mmap/mremap stacks, ``max_seconds``, the pause
-    budget, ``stop_event`` or the target's exit, then detach. ``on_records(list)`` sees records as
+    """Attach to ``pid``, sample until ``max_samples`` mmap/mremap stacks (with ``site={"address", "label"}``:
+    stacks at that call site), ``max_seconds``, the pause budget, ``stop_event`` or the target's exit, then
+    detach. ``on_records(list)`` sees records as
     they come. Raises GdbUnavailable / NoSuchProcess when the attach fails."""
     attach = GdbAttach(pid, max_samples=max_samples, max_seconds=max_seconds, budget=budget, cancel=stop_event,
                        **kwargs)

@@ -21,6 +21,13 @@ GROWTH_TRIGGER_BYTES = 8 << 20  # RSS above its first reading by this much → w
 # lower bar, and known at once: RSS can take most of a hunt to grow by 8 MB (a loaded vLLM worker's UCX leak:
 # 53 s of 90), and gdb's symbol read (~30 s) must end while the load lasts for a stack to be sampled.
 LEDGER_TRIGGER_BYTES = 4 << 20
+# ... or one call site of the ledger (LiveFigures.bpf["top_sites"]) whose held bytes reached a new high at this many
+# ticks, never falling back below their first reading, and grew this much in all (a slow leak's pool chunks come
+# every few ticks): gdb then stops only there (a breakpoint at that return address) and reads the symbols of
+# its stack's libraries only (seconds, not the minute of a torch process's all).
+SITE_TRIGGER_TICKS = 3
+SITE_TRIGGER_BYTES = 1 << 20
+MAPPING_KINDS = ("anon", "file", "shm")  # sites whose call returns the address it mapped (joined by address)
 
 
 class GdbProbe:
@@ -58,6 +65,10 @@ class GdbProbe:
         self._taken: set[int] = set()
         self._pending_lock = threading.Lock()
         self._first_seen: dict[tuple[int, str], int] = {}
+        # (pid, site) -> [bytes first seen, bytes last seen, new highs since, the top_sites entry, highest]
+        self._sites: dict[tuple[int, int], list[Any]] = {}
+        self._sites_seen: list[dict[str, Any]] | None = None
+        self._growing: dict[int, list[Any]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._runs: list[GdbRun] = []
@@ -76,6 +87,7 @@ class GdbProbe:
 
     def _enqueue_due(self) -> None:
         live = self.ctx.targets.live()
+        growing = self._follow_sites()
         if not self.on_growth_only:
             for pid in live:
                 self._enqueue(pid, 0.0)
@@ -84,7 +96,10 @@ class GdbProbe:
         held = self.ctx.live.bpf.get("outstanding_by_pid") or {}
         for pid in live:
             figures = rollup.get(pid) or {}
+            site = growing.get(pid)
             score = None
+            if site and site[2] >= SITE_TRIGGER_TICKS and site[1] - site[0] >= SITE_TRIGGER_BYTES:
+                score = (site[1] - site[0]) / SITE_TRIGGER_BYTES
             for key, value, trigger in (("rss", figures.get("rss"), GROWTH_TRIGGER_BYTES),
                                         ("anon", figures.get("anon"), GROWTH_TRIGGER_BYTES),
                                         ("ledger", held.get(pid), LEDGER_TRIGGER_BYTES)):
@@ -95,6 +110,34 @@ class GdbProbe:
                     score = max(score or 0.0, grown)
             if score is not None:
                 self._enqueue(pid, score)
+
+    def _follow_sites(self) -> dict[int, list[Any]]:
+        """Per process, its call site that grew most since first seen among those growing (``[first bytes, last
+        bytes, new highs, top_sites entry, highest]``), from the bpf probe's latest figures."""
+        entries = self.ctx.live.bpf.get("top_sites") or []
+        if entries is self._sites_seen:
+            return self._growing
+        self._sites_seen = entries
+        growing: dict[int, list[Any]] = {}
+        for e in entries:
+            if e.get("kind") not in MAPPING_KINDS:
+                continue
+            f = self._sites.setdefault((e["pid"], e["site"]), [e["bytes"], e["bytes"], 0, e, e["bytes"]])
+            if e["bytes"] < f[0]:  # fell back: churn, not growth
+                f[0], f[2], f[4] = e["bytes"], 0, e["bytes"]
+            elif e["bytes"] > f[4]:
+                f[2], f[4] = f[2] + 1, e["bytes"]
+            f[1], f[3] = e["bytes"], e
+            best = growing.get(e["pid"])
+            if f[2] and (best is None or f[1] - f[0] > best[1] - best[0]):
+                growing[e["pid"]] = f
+        self._growing = growing
+        return growing
+
+    def growing_site(self, pid: int) -> dict[str, Any] | None:
+        """The call site of ``pid`` that grows (a new high of its held bytes at 2 ticks or more), or None."""
+        f = self._growing.get(pid)
+        return f[3] if f is not None and f[2] >= 2 else None
 
     def _enqueue(self, pid: int, score: float) -> None:
         if pid == os.getpid():
@@ -134,7 +177,11 @@ class GdbProbe:
                     for r in records if r.get("type") == "sample"]
             session.append("gdb_samples", rows)
 
-        self.ctx.log(f"gdb: sampling pid {pid} (up to {self.samples_per_process} stacks, "
+        site = self.growing_site(pid)
+        at = {} if site is None else {"site": {"address": site.get("break_at") or site["site"], "label": "mmap"},
+                                      "libraries": stack_libraries(site["frames"])}
+        where = f" at its growing call site {site['site']:#x} (stop at {at['site']['address']:#x})" if site else ""
+        self.ctx.log(f"gdb: sampling pid {pid}{where} (up to {self.samples_per_process} stacks, "
                      f"{self.seconds_per_process:.0f} s)")
         try:
             # gdb's config and JSON lines live in the session directory: removed after each run, left
@@ -142,7 +189,7 @@ class GdbProbe:
             workdir = session.path / "gdb"
             workdir.mkdir(exist_ok=True)
             run = sample_process(pid, self.samples_per_process, self.seconds_per_process, self.budget,
-                                 stop_event=self._stop, on_records=on_records, workdir=str(workdir))
+                                 stop_event=self._stop, on_records=on_records, workdir=str(workdir), **at)
         except NoSuchProcess:
             return
         except GdbUnavailable as e:
@@ -170,3 +217,10 @@ class GdbProbe:
                 "stops": sum(r.stops for r in runs), "paused_s": sum(r.paused_s for r in runs),
                 "attach_s": sum(r.attach_s for r in runs), "reasons": [r.reason for r in runs],
                 "python": sorted({r.python for r in runs if r.python}), "failures": self._failures}
+
+
+def stack_libraries(frames: list[str]) -> set[str]:
+    """The files a ledger stack ("lib!sym+0x12", "lib+0x40", "?@0x…") passes through: what gdb must read to
+    unwind it (the executable it reads anyway)."""
+    return {f.split("!", 1)[0] if "!" in f else f.rsplit("+", 1)[0] for f in frames
+            if f and not f.startswith(("?", "["))}
