@@ -906,6 +906,13 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
 {
     if (!(args->error_code & 2))
         return 0;
+#ifdef LT_PIDNS_INO
+    /* Faults are machine-wide and frequent: a host tgid not in `targets` is not looked up in the namespace (a
+     * traced process joins `targets` at its first traced syscall; its faults before that go uncounted). */
+    u32 host_tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!targets.lookup(&host_tgid))
+        return 0;
+#endif
     struct lt_ids ids;
     if (!current_ids(&ids))
         return 0;

@@ -8,15 +8,16 @@ bucket) in ``fault_counts`` and sends one stack window the first time a (process
 - each window names the code that touched the page: the ip itself when it is outside the C runtime, else the
   first return address outside it in the window (memset and memcpy touch pages for whoever called them);
 - every tick the counts are taken out of the kernel's map (so it stays small) and written as ``fault_sites``
-  rows, one per (process, toucher site, region or bucket): a region the ledger holds as mapped before attach
-  is named with its bounds and its VmFlags (``nr``: MAP_NORESERVE) from /proc/PID/smaps, read once per region;
+  rows, one per (process, ip, site) and region the ledger holds as mapped before attach (named with its bounds
+  and its VmFlags, ``nr``: MAP_NORESERVE, from /proc/PID/smaps, read once per region), and one per (process, ip,
+  site) for the faults elsewhere (the span of their buckets: rows stay few under a fault storm);
 - the kernel's fault counters go to ``fault_stats``.
 
 Session tables written (``t`` = seconds since hunt start):
 
-``fault_sites``  per tick and (pid, ip, site, region or 2 MiB bucket): t, pid, ip, site (memset's caller when ip
-                 is in libc, else 0), caller (the toucher's address), library (the toucher's), symbol, start and
-                 end (the addresses the faults fell in: the region's, or the bucket's), faults (write faults
+``fault_sites``  per tick and (pid, ip, site, region mapped before attach or elsewhere): t, pid, ip, site (memset's
+                 caller when ip is in libc, else 0), caller (the toucher's address), library (the toucher's),
+                 symbol, start and end (the region's, or the span of the 2 MiB buckets faulted), faults (write faults
                  counted; scale by ``sample``), sample, preexisting (the region was mapped before attach),
                  region_start, region_end, vmflags (smaps' VmFlags of that region: "rd wr mr mw me nr ac")
 ``fault_stats``  per tick: t, writes, sampled, dropped (faults the kernel's map had no room for), windows
@@ -28,7 +29,6 @@ import ctypes as ct
 import errno
 import os
 import re
-from collections import defaultdict
 from typing import Any
 
 from leaktrace import procfs
@@ -41,7 +41,6 @@ from leaktrace.probes.bpf.stackscan import StackScanner
 
 BUCKET = 1 << FAULT_BUCKET_SHIFT
 DEFAULT_SAMPLE = 1  # LT_FAULT_SAMPLE's default in bpf/leaktrace.bpf.c
-MAX_ROWS = 20_000  # fault_sites rows per tick: past this, a tick's buckets are merged per toucher
 _SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ", re.M)
 
 
@@ -62,6 +61,7 @@ class FaultSites:
         self.sample = sample
         self._callers: dict[tuple[int, int, int], int] = {}  # (pid, ip, site) -> the toucher's address
         self._vmflags: dict[tuple[int, int], str] = {}  # (pid, region start) -> VmFlags
+        self._symbols: dict[tuple[int, int], str] = {}  # (pid, toucher address) -> its frame as text
         self._buf: tuple[Any, Any, int] | None = None  # keys and counts taken from the kernel, reused per tick
 
     def learn(self, e: WindowEvent) -> None:
@@ -83,6 +83,7 @@ class FaultSites:
     def forget(self, pid: int) -> None:
         self._callers = {k: v for k, v in self._callers.items() if k[0] != pid}
         self._vmflags = {k: v for k, v in self._vmflags.items() if k[0] != pid}
+        self._symbols = {k: v for k, v in self._symbols.items() if k[0] != pid}
 
     # ------------------------------------------------------------------ per tick
     def tick(self, ctx: HuntContext) -> None:
@@ -126,34 +127,41 @@ class FaultSites:
         return {name.removeprefix("fault_"): int(sum(table[ct.c_int(i)])) for i, name in enumerate(FAULT_STATS)}
 
     def rows(self, t: float) -> list[dict[str, Any]]:
-        """``fault_sites`` rows of the counts taken now (see the module doc)."""
-        groups: dict[tuple[int, int, int, int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
+        """``fault_sites`` rows of the counts taken now (see the module doc): per region mapped before attach,
+        and otherwise per toucher, with the span of the buckets its faults fell in."""
+        groups: dict[tuple[int, int, int, int], list[int]] = {}  # (pid, ip, site, region start) -> faults, lo, hi
         for k, n in self.take_counts():
             a = k.bucket << FAULT_BUCKET_SHIFT
             region = self._preexisting_region(k.tgid, a)
             lo, hi = region if region is not None else (a, a + BUCKET)
-            g = groups[(k.tgid, k.ip, k.site, lo, hi)]
-            g[0] += n
-            g[1] = 1 if region is not None else 0
-        if len(groups) > MAX_ROWS:
-            merged: dict[tuple[int, int, int, int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
-            for (pid, ip, site, lo, hi), (n, pre, _) in groups.items():
-                g = merged[(pid, ip, site, 0 if not pre else lo, 0 if not pre else hi)]
-                g[0] += n
-                g[1] = pre
-            groups = merged
+            key = (k.tgid, k.ip, k.site, lo if region is not None else 0)
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [n, lo, hi]
+            else:
+                g[0], g[1], g[2] = g[0] + n, min(g[1], lo), max(g[2], hi)
         out = []
-        for (pid, ip, site, lo, hi), (n, pre, _) in groups.items():
+        for (pid, ip, site, region_start), (n, lo, hi) in groups.items():
             caller = self._callers.get((pid, ip, site)) or self._toucher(pid, ip, site, b"")
             if not self.symbols.knows(pid, caller):
                 continue  # gone before it was named (an exit): nothing to tell who it was
-            frame = self.symbols.frame(pid, caller)
+            pre = region_start != 0
+            library = self.symbols.library_of(pid, caller, caller)
             out.append({"t": t, "pid": pid, "ip": _i64(ip), "site": _i64(site), "caller": _i64(caller),
-                        "library": frame.library, "symbol": str(frame), "start": lo, "end": hi, "faults": n,
-                        "sample": self.sample, "preexisting": bool(pre),
+                        "library": library, "symbol": self._symbol(pid, caller) if pre else "",
+                        "start": lo, "end": hi, "faults": n,
+                        "sample": self.sample, "preexisting": pre,
                         "region_start": lo if pre else 0, "region_end": hi if pre else 0,
                         "vmflags": self._flags(pid, lo) if pre else ""})
         return out
+
+    def _symbol(self, pid: int, addr: int) -> str:
+        """``library!symbol+0xoff`` of a toucher, once per (pid, address): reading a large library's symbols
+        takes seconds, so only the touchers of regions mapped before attach are named so, not every toucher."""
+        hit = self._symbols.get((pid, addr))
+        if hit is None:
+            hit = self._symbols[(pid, addr)] = str(self.symbols.frame(pid, addr))
+        return hit
 
     def _preexisting_region(self, pid: int, a: int) -> tuple[int, int] | None:
         """The anonymous region mapped before attach (the ledger's seeded interval) that holds most of the bucket

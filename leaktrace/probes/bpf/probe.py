@@ -406,6 +406,7 @@ class BpfProbe:
             self.libraries.forget(pid)
             self.hooks.process_gone(pid)  # the new image may map no hook, or map it elsewhere
             self.origins.forget(pid)
+            self.faults.forget(pid)
             self._seed(pid)
         elif e.type == EV_EXIT:
             code = None if e.flags & EXIT_NO_CODE else int(e.result)
@@ -418,6 +419,7 @@ class BpfProbe:
             self._known.discard(pid)
             self.hooks.process_gone(pid)
             self.origins.forget(pid)
+            self.faults.forget(pid)
             self.kernel.forget_runtime(pid)
         elif e.type == EV_LIBMAP:
             self._maps_due.add(pid)
