@@ -74,6 +74,49 @@ def test_scan_finds_return_addresses_in_libc_and_beyond() -> None:
     assert scan.caller(pid, found) == elsewhere
 
 
+def _direct_calls(pid: int, scan: StackScanner, lib_prefix: str, limit: int = 4000):
+    """(return address, where the call goes once resolved) of direct calls in a file this process maps."""
+    for m in procfs.read_maps(pid):
+        if "x" in m.perms and os.path.basename(m.path).startswith(lib_prefix):
+            with open(m.path, "rb") as f:
+                f.seek(m.offset)
+                code = f.read(m.end - m.start)
+            i = code.find(b"\xe8", 64)
+            while i >= 0 and limit:
+                ret = m.start + i + 5
+                if scan.is_return_address(pid, ret):
+                    limit -= 1
+                    yield ret, scan.call_target(pid, ret)
+                i = code.find(b"\xe8", i + 1)
+
+
+def test_chain_keeps_only_frames_a_call_reached() -> None:
+    """A frame of a scanned chain is kept when the call before its return address is indirect, or goes (through a
+    PLT stub and the GOT the dynamic linker filled) into the file of the kept frame below; a return address of the
+    interpreter left between two libc frames (a stale word) is dropped."""
+    pid = os.getpid()
+    sym = Symbolizer()
+    sym.set_maps(pid, [MapEntry(m.start, m.end, m.offset, m.perms, m.path) for m in procfs.read_maps(pid)])
+    scan = StackScanner(sym)
+
+    def file_of(addr: int | None) -> str:
+        m = sym.mapping(pid, addr) if addr is not None else None
+        return os.path.basename(m.path) if m else ""
+
+    libc_internal = next(r for r, t in _direct_calls(pid, scan, "libc.so") if file_of(t) == file_of(r))
+    py_calls = list(_direct_calls(pid, scan, "libpython"))
+    py_internal = next(r for r, t in py_calls if file_of(t) == file_of(r))
+    # a call into libc through libpython's PLT: resolved through the GOT into libc itself
+    assert any(file_of(t).startswith("libc.so") for _r, t in py_calls), "no PLT call resolved into libc"
+    below = libc_internal  # a libc frame below (any libc code address)
+    assert scan.reaches(pid, libc_internal, below) is True
+    assert scan.reaches(pid, py_internal, below) is False
+    assert scan.reaches(pid, py_internal, py_internal) is True
+    chain = [libc_internal, py_internal, libc_internal]
+    assert scan.verified_chain(pid, chain, below) == [libc_internal, libc_internal]
+    assert scan.verified_chain(pid, chain) == [libc_internal, libc_internal]  # the first needs no frame below
+
+
 def test_frame_from_epilogue_of_glibc_wrappers():
     from leaktrace.probes.bpf.stackscan import frame_from_epilogue
 
