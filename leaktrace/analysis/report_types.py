@@ -112,6 +112,7 @@ class _ReportRequired(TypedDict):
 class Report(_ReportRequired, total=False):
     verdict_reason: str
     attach_s: float | None
+    probe_attach_s: dict[str, float]
     stop_reason: str
     session_complete: bool
     session_id: str | None

@@ -253,5 +253,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         report["demo"] = meta["demo"]
     if meta.get("tick_costs"):
         report["tick_costs"] = meta["tick_costs"]  # what each probe's ticks cost, how late ticks ran
+    if meta.get("probe_attach_s"):
+        report["probe_attach_s"] = meta["probe_attach_s"]  # what each probe's start took
     report.update(extra)
     return report

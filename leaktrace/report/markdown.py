@@ -34,6 +34,9 @@ def render(report: Report) -> str:
     lines.append(f"Duration {report['duration_s']:.1f} s, probes: {probes}"
                  + (f" (live after {report['attach_s']:.2f} s)" if report.get("attach_s") is not None else "")
                  + f"; stop: {report.get('stop_reason')}.")
+    if report.get("probe_attach_s"):
+        lines.append("Attach per probe: " + ", ".join(f"{k} {v:.2f} s" for k, v in report["probe_attach_s"].items())
+                     + ".")
     if not report.get("session_complete", True):
         lines.append("**The session was not finalized (the hunt was killed); figures cover what was written.**")
     led = report.get("ledger") or {}
