@@ -1,0 +1,64 @@
+"""What a hunt spends on real processes: the watcher's full smaps reads only where something moved, the Python
+heap walks after the hunt is live and one at a time, and each probe's attach recorded."""
+
+from __future__ import annotations
+
+import sys
+
+from conftest import REPO
+
+from leaktrace.hunt import run_hunt
+from leaktrace.probes import HuntOptions
+from leaktrace.session import SessionReader
+
+sys.path.insert(0, str(REPO / "tests"))
+from fixtures.build import build  # noqa: E402
+
+PY_TARGET = """
+import gc, time
+keep = [[i] for i in range(60000)]
+gc.freeze()
+print("ready", flush=True)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_full_smaps_skipped_where_nothing_moved(spawn, leaker_bin, tmp_path) -> None:
+    idle = spawn([build("many_maps", ["many_maps.c"]), "2000"])
+    grower = spawn([leaker_bin, "--leak-kib-per-s", "2048"])
+    out = tmp_path / "h"
+    run_hunt([idle.pid, grower.pid], HuntOptions(duration=8, interval=0.5, smaps_every=2, bpf=False, gdb=False,
+                                                 pyheap=False, live=False), out, write_reports=False)
+    rdr = SessionReader(out)
+    reads = rdr.table("class_usage").groupby("pid")["t"].nunique()
+    summary = rdr.meta["probe_summaries"]["watcher"]
+    assert summary["smaps_skipped"] >= 2, summary
+    # the idle process: its first read, at most one more (FULL_SMAPS_MAX_SKIPS) and the last one at stop;
+    # the growing one at every due time
+    assert reads[idle.pid] <= 3 and reads[grower.pid] >= 5, reads.to_dict()
+    ev = rdr.table("region_events")
+    grown = ev[(ev["pid"] == grower.pid) & ev["event"].isin(["grown", "born"])]
+    assert len(grown) >= 3, ev[ev["pid"] == grower.pid][["t", "event", "size"]]
+    assert not (ev["pid"] == idle.pid).any(), ev[ev["pid"] == idle.pid]
+    attach = rdr.meta["probe_attach_s"]
+    assert set(attach) == set(rdr.meta["probes"]) and all(v >= 0 for v in attach.values()), attach
+
+
+def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
+    targets = [spawn([sys.executable, "-c", PY_TARGET]) for _ in range(3)]
+    out = tmp_path / "h"
+    run_hunt([t.pid for t in targets], HuntOptions(duration=8, interval=0.5, bpf=False, gdb=False, live=False),
+             out, write_reports=False)
+    rdr = SessionReader(out)
+    attach = float(rdr.meta["attach_s"])
+    ph = rdr.table("pyheap")
+    walks = ph[ph["walk_ms"].notna()].sort_values("t")
+    # every process walked (at stop at the latest), each walk's frozen set the target's own
+    assert set(walks["pid"]) == {t.pid for t in targets}, walks[["t", "pid"]]
+    assert (walks["frozen"] >= 60000).all(), walks[["t", "pid", "frozen"]]
+    starts = walks["t"] - walks["walk_ms"] / 2000  # t: the middle of the walk
+    assert (starts >= attach).all(), (attach, list(starts))
+    ends = walks["t"] + walks["walk_ms"] / 2000
+    # one walk at a time: none starts before the one before it ended (10 ms of stamping slack)
+    assert all(s >= e - 0.01 for s, e in zip(starts.iloc[1:], ends.iloc[:-1], strict=True)), walks[["t", "walk_ms"]]
