@@ -1,6 +1,7 @@
 """Page-fault probe overhead: a fault storm (fresh anonymous pages written, one byte per page: every write is a
 first-touch fault), untraced vs traced by the default eBPF probes (ledger + page-fault probe) vs traced by the
-ledger alone (the program built with LT_NO_FAULTS), in one run. Both programs stay loaded; each round the
+ledger alone (the program built with LT_NO_FAULTS), in one run; and untraced rounds before any program is loaded (the filter's cost to processes not traced,
+which pay for the program up to its tgid check). Both programs stay loaded; each round the
 workload is the target of one of them or of none, rounds interleaved, so the machine's background load cancels
 out in the per-pair ratios. Two clocks: wall time, and the workload's CPU time (user + system: the fault and the
 probe run in the workload's context). Prints one JSON document.
@@ -25,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from leaktrace.probes import HuntContext, HuntOptions, TargetSet  # noqa: E402
+from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE  # noqa: E402
 from leaktrace.probes.bpf.probe import BpfProbe  # noqa: E402
 from leaktrace.session import SessionWriter  # noqa: E402
 
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--maps", type=int, default=4)
+    ap.add_argument("--sample", type=int, default=0, help="LT_FAULT_SAMPLE (0: the program's default)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -118,8 +121,12 @@ def main() -> None:
     cpu: dict[str, list[float]] = {k: [] for k in wall}
     ratios: dict[str, list[float]] = {"default": [], "ledger_only": []}
     cpu_ratios: dict[str, list[float]] = {"default": [], "ledger_only": []}
+    storm.round()  # warm-up
+    # Before any program is loaded and after both are unloaded: what every process pays for the loaded probe's
+    # filter (its write faults run the program up to the tgid check) shows against this, in the untraced rounds.
+    unloaded = [storm.round() for _ in range(max(2, args.runs // 2))]
     with tempfile.TemporaryDirectory() as d:
-        full = Tracer(storm.pid, Path(d), "default")
+        full = Tracer(storm.pid, Path(d), "default", {"LT_FAULT_SAMPLE": args.sample} if args.sample else None)
         ledger = Tracer(storm.pid, Path(d), "ledger", {"LT_NO_FAULTS": 1})
         try:
             storm.round()  # warm-up
@@ -139,11 +146,18 @@ def main() -> None:
         finally:
             stats = full.close()
             ledger.close()
-            storm.close()
+    try:
+        unloaded += [storm.round() for _ in range(max(2, args.runs // 2))]  # and after: drift shows
+    finally:
+        storm.close()
     res = {
-        "runs": args.runs, "mib": args.mib, "maps": args.maps, "faults_per_round": storm.faults,
+        "runs": args.runs, "sample": args.sample or DEFAULT_SAMPLE, "mib": args.mib, "maps": args.maps, "faults_per_round": storm.faults,
         "untraced_s": statistics.median(wall["untraced"]), "untraced_cpu_s": statistics.median(cpu["untraced"]),
         "untraced_faults_per_s": storm.faults / statistics.median(wall["untraced"]),
+        "unloaded_cpu_s": statistics.median(c for _, c in unloaded),
+        "untraced_vs_unloaded_cpu_ratio": statistics.median(cpu["untraced"]) / statistics.median(c for _, c in unloaded),
+        "default_vs_unloaded_cpu_ratio": statistics.median(cpu["default"]) / statistics.median(c for _, c in unloaded),
+        "unloaded_cpu_s_each": [c for _, c in unloaded],
         "default_ratio": statistics.median(ratios["default"]),
         "default_cpu_ratio": statistics.median(cpu_ratios["default"]),
         "default_cpu_ratio_spread": spread(cpu_ratios["default"]),

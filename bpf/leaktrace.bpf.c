@@ -48,7 +48,7 @@
  * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim), LT_SYSV_TRACEPOINTS
  * (defined when it has the shmat/shmdt syscall tracepoints).
  *
- * Page faults (exceptions:page_fault_user): memory that grows with no syscall at all (a region reserved before
+ * Page faults (the raw tracepoint page_fault_user): memory that grows with no syscall at all (a region reserved before
  * attach, written piece by piece) is seen only as faults. A write fault of a traced process is counted in
  * `fault_counts` by (process, ip, site, 2 MiB bucket), never sent per fault; the first fault of a new
  * (process, ip, site) sends one stack window (LT_EV_FAULTWIN), from which user space names the code that
@@ -90,10 +90,11 @@
 #ifndef LT_MAX_FAULT_KEYS
 #define LT_MAX_FAULT_KEYS 32768
 #endif
-/* 1 in LT_FAULT_SAMPLE write faults (per CPU) is counted: the counts name who touches a region, and the
- * resident growth itself is read from /proc, so a sample is enough where fault rates are high. */
+/* 1 in LT_FAULT_SAMPLE write faults, at random, is counted: the counts name who touches a region (shares, not
+ * sizes: the resident growth itself is read from /proc), and counting a quarter of them halves the probe's cost
+ * on a fault storm (bench/bench_faults.py). faults.py's DEFAULT_SAMPLE says the same. */
 #ifndef LT_FAULT_SAMPLE
-#define LT_FAULT_SAMPLE 1
+#define LT_FAULT_SAMPLE 4
 #endif
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
@@ -901,10 +902,13 @@ static __always_inline u64 *fault_stat(u32 idx)
 }
 
 /* A write fault of a traced process (error_code bit 1): who touches fresh memory, and where. Read faults map the
- * zero page or file pages already cached, which is not memory the process grows by. */
-TRACEPOINT_PROBE(exceptions, page_fault_user)
+ * zero page or file pages already cached, which is not memory the process grows by. A raw tracepoint (arguments:
+ * address, the user's pt_regs, error_code): every write fault on the machine runs this up to the tgid check, and
+ * the classic tracepoint would first copy its record for every one of them. */
+RAW_TRACEPOINT_PROBE(page_fault_user)
 {
-    if (!(args->error_code & 2))
+    u64 error_code = ctx->args[2];
+    if (!(error_code & 2))
         return 0;
 #ifdef LT_PIDNS_INO
     /* Faults are machine-wide and frequent: a host tgid not in `targets` is not looked up in the namespace (a
@@ -917,19 +921,24 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
     if (!current_ids(&ids))
         return 0;
     u64 *writes = fault_stat(LT_FSTAT_WRITES);
-    if (!writes)
-        return 0;
-    u64 n = *writes;
-    *writes = n + 1;
-    if (LT_FAULT_SAMPLE > 1 && n % LT_FAULT_SAMPLE)
+    if (writes)
+        *writes += 1;
+#if LT_FAULT_SAMPLE > 1
+    /* at random, not every Nth: touchers whose faults alternate would otherwise be seen one and not the other */
+    if (bpf_get_prandom_u32() % LT_FAULT_SAMPLE)
         return 0;
     u64 *sampled = fault_stat(LT_FSTAT_SAMPLED);
     if (sampled)
         *sampled += 1;
-    struct lt_fault_key key = {.tgid = ids.tgid, .pad = 0, .ip = args->ip, .site = 0,
-                               .bucket = args->address >> LT_FAULT_BUCKET_SHIFT};
+#endif
+    u64 address = ctx->args[0];
+    /* ip and sp of the faulting user context in one read (x86_64: ip, cs, flags, sp) */
+    u64 span[(LT_REGS_SP_OFF - LT_REGS_IP_OFF) / 8 + 1] = {};
+    bpf_probe_read_kernel(span, sizeof(span), (char *)ctx->args[1] + LT_REGS_IP_OFF);
+    struct lt_fault_key key = {.tgid = ids.tgid, .pad = 0, .ip = span[0], .site = 0,
+                               .bucket = address >> LT_FAULT_BUCKET_SHIFT};
     if (called_from_libc(ids.tgid, key.ip)) {
-        u64 sp = user_sp();
+        u64 sp = span[(LT_REGS_SP_OFF - LT_REGS_IP_OFF) / 8];
         if (sp)
             key.site = read_user_word(sp);
     }
@@ -964,8 +973,8 @@ TRACEPOINT_PROBE(exceptions, page_fault_user)
     ev.type = LT_EV_FAULTWIN;
     ev.tgid = ids.tgid;
     ev.tid = ids.tid;
-    ev.addr = args->address;
-    ev.len = args->error_code;
+    ev.addr = address;
+    ev.len = error_code;
     ev.ip = key.ip;
     ev.site = key.site;
     ev.stack_id = -1;

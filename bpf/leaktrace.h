@@ -182,7 +182,7 @@ struct lt_fault_key {
 
 /* fault_stats (per-CPU array) indices. */
 #define LT_FSTAT_WRITES 0   /* write faults of the traced processes */
-#define LT_FSTAT_SAMPLED 1  /* of them, counted in fault_counts (1 in LT_FAULT_SAMPLE) */
+#define LT_FSTAT_SAMPLED 1  /* of them, counted in fault_counts (1 in LT_FAULT_SAMPLE; not kept when that is 1) */
 #define LT_FSTAT_DROPPED 2  /* sampled faults fault_counts had no room for */
 #define LT_FSTAT_WINDOWS 3  /* LT_EV_FAULTWIN windows sent */
 #define LT_NFSTATS 4

@@ -177,3 +177,11 @@ def test_every_header_macro_is_mirrored_or_kernel_only(compiled: dict[str, int])
     unmirrored = {m for m in macros if not m.startswith(COUNTER_PREFIX)
                   and m.removeprefix("LT_") not in _constants()} - KERNEL_ONLY_MACROS
     assert unmirrored == set(), "header macros with no Python twin: mirror them in layout.py or list them here"
+
+
+def test_fault_sample_default_matches_the_program():
+    """User space scales fault counts by the sampling the program was built with: the same default on both sides."""
+    from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE
+
+    m = re.search(r"^#ifndef LT_FAULT_SAMPLE\n#define LT_FAULT_SAMPLE (\d+)$", PROGRAM.read_text(), re.M)
+    assert m is not None and int(m.group(1)) == DEFAULT_SAMPLE

@@ -40,7 +40,7 @@ from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.stackscan import StackScanner
 
 BUCKET = 1 << FAULT_BUCKET_SHIFT
-DEFAULT_SAMPLE = 1  # LT_FAULT_SAMPLE's default in bpf/leaktrace.bpf.c
+DEFAULT_SAMPLE = 4  # LT_FAULT_SAMPLE's default in bpf/leaktrace.bpf.c
 _SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ", re.M)
 
 
@@ -124,7 +124,10 @@ class FaultSites:
 
     def stats(self) -> dict[str, int]:
         table = self.kernel.prog[b"fault_stats"]
-        return {name.removeprefix("fault_"): int(sum(table[ct.c_int(i)])) for i, name in enumerate(FAULT_STATS)}
+        out = {name.removeprefix("fault_"): int(sum(table[ct.c_int(i)])) for i, name in enumerate(FAULT_STATS)}
+        if self.sample <= 1:
+            out["sampled"] = out["writes"]  # every write fault is counted: the kernel keeps one counter
+        return out
 
     def rows(self, t: float) -> list[dict[str, Any]]:
         """``fault_sites`` rows of the counts taken now (see the module doc): per region mapped before attach,
@@ -164,14 +167,16 @@ class FaultSites:
         return hit
 
     def _preexisting_region(self, pid: int, a: int) -> tuple[int, int] | None:
-        """The anonymous region mapped before attach (the ledger's seeded interval) that holds most of the bucket
-        at ``a``: the faults of a bucket are not placed within it, so a region covering less of it (a small
-        one, or the edge of one) is not given them."""
+        """The region mapped before attach (the ledger's seeded interval; not the brk heap or a stack, whose
+        growth is a syscall's or a thread's) that holds most of the bucket at ``a``: the faults of a bucket are
+        not placed within it, so a region covering less of it (a small one, or the edge of one) is not given
+        them."""
         sp = self.ledger.spaces.get(pid)
         if sp is None:
             return None
         for iv in sp.overlapping(a, a + BUCKET):
-            if iv.origin.preexisting and not iv.origin.path and min(iv.end, a + BUCKET) - max(iv.start, a) > BUCKET // 2:
+            if (iv.origin.preexisting and not iv.origin.path.startswith("[")
+                    and min(iv.end, a + BUCKET) - max(iv.start, a) > BUCKET // 2):
                 return iv.start, iv.end
         return None
 
