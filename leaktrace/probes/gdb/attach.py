@@ -50,7 +50,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
-from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, symbol_files, symbols_niced
+from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, site_symbol_files, symbol_files, symbols_niced
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
 MI_ASYNC_ON = "-gdb-set mi-async on"
@@ -160,9 +160,7 @@ class GdbAttach:
         self.state_before = proc_state(self.pid)
         if self.state_before is None:
             raise NoSuchProcess(self.pid)
-        files = symbol_files(self.pid)
-        if self.libraries is not None:
-            files = [(path, bias) for path, bias in files if os.path.basename(path) in self.libraries]
+        files = symbol_files(self.pid) if self.libraries is None else site_symbol_files(self.pid, self.libraries)
         self.config_path.write_text(json.dumps({**self.config, "symbol_files": files}))
         controller_cls = _gdb_controller_class()
         self.controller = controller_cls(command=[self.gdb, "--nx", "--quiet", "--interpreter=mi3",
