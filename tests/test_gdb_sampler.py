@@ -489,3 +489,43 @@ def test_hunt_stops_gdb_on_the_growing_call_path(spawn, tmp_path):
     assert any("ucm_event_dispatch" in f for f in ucm["stack"]), ucm["stack"]
     assert patched_code(target.pid) == ucx_patches  # the breakpoint went with gdb
     assert tracer_of(target.pid) == 0 and proc_state(target.pid) not in (None, "T", "t")
+
+
+def test_a_site_breakpoint_left_by_a_killed_gdb_is_taken_out(spawn, gdb_target_bin):
+    """gdb killed outright while its call-site breakpoint is in the target: the int3 it leaves would kill the
+    target at the next call; the driver puts the file's byte back. (The site is the return address of a call
+    the target makes only at its start, main's pthread_create, so the target cannot meet the int3 first.)"""
+    import threading
+
+    from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
+    from leaktrace.probes.bpf.stackscan import StackScanner
+
+    target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5", "--churn", "0"])
+    sym = Symbolizer()
+    sym.set_maps(target.pid, [MapEntry(m.start, m.end, m.offset, m.perms, m.path)
+                              for m in procfs.read_maps(target.pid)])
+    scan = StackScanner(sym)
+    code = next(m for m in procfs.read_maps(target.pid) if m.path == str(gdb_target_bin) and "x" in m.perms)
+    site = next(a for a in range(code.start + 5, code.end) if scan.is_return_address(target.pid, a)
+                and sym.frame(target.pid, scan.call_target(target.pid, a) or 0).symbol == "pthread_create")
+    killed: list[int] = []
+
+    def on_records(records):
+        if any(r.get("type") == "attached" for r in records):
+            gdb_pid = tracer_of(target.pid)
+            with open(f"/proc/{target.pid}/mem", "rb", 0) as mem:
+                mem.seek(site)
+                assert mem.read(1) == b"\xcc"  # gdb's breakpoint is in
+            os.kill(gdb_pid, signal.SIGKILL)
+            killed.append(gdb_pid)
+
+    t = threading.Timer(60, lambda: None)  # bounded: sampling ends on its own at max_seconds
+    t.start()
+    try:
+        run = sample_process(target.pid, max_samples=0, max_seconds=20, site={"address": site, "label": "mmap"},
+                             libraries={HOOK_LIB}, on_records=on_records)
+    finally:
+        t.cancel()
+    assert killed, run.reason
+    assert "breakpoints gdb left were removed" in run.reason, run.reason
+    assert_running_untraced(target.pid)

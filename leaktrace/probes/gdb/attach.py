@@ -50,6 +50,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
+from leaktrace.probes.gdb.sitecheck import restore_breakpoints
 from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, site_symbol_files, symbol_files, symbols_niced
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
@@ -286,6 +287,8 @@ class GdbAttach:
         self.poll()
         if not self.run.reason:
             self.run.reason = reason if self.controller is None else f"{reason} (gdb ended without a report)"
+        if (self.run.site or "without a report" in self.run.reason) and restore_breakpoints(self.pid, self.run.site):
+            self.run.reason += " (breakpoints gdb left were removed)"
         if not self.run.t_end_mono:
             self.run.t_end_mono = time.monotonic()
         self._ensure_running()
