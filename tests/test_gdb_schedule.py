@@ -52,3 +52,38 @@ def test_with_gdb_samples_every_process_is_due_in_order() -> None:
     probe.ctx = SimpleNamespace(targets=SimpleNamespace(live=lambda: [5, 3, 9]), live=LiveFigures())
     probe._enqueue_due()
     assert [probe.next_due() for _ in range(4)] == [5, 3, 9, None]
+
+
+def _site(pid: int, site: int, n: int, kind: str = "anon") -> dict:
+    return {"pid": pid, "site": site, "ip": 0x1000, "kind": kind, "bytes": n, "break_at": site + 0x10,
+            "frames": ["libc.so.6!syscall+0x19", "libucm.so.0!ucm_orig_mmap_syscall+0x20", "libucs.so.0+0x3b7bc",
+                       "libstdc++.so.6+0x9e1a", "?@0x7f0000001000"]}
+
+
+def test_a_call_site_that_keeps_growing_makes_its_process_due_with_that_site() -> None:
+    """The ledger's top sites, published per tick: a site reaching new highs at 3 ticks (not in a row: a slow
+    leak's pool chunks come every few ticks) and holding 1 MiB more makes the process due before the 4 MB
+    ledger trigger, and gdb is given that site and its stack's libraries; a site that churns back below its
+    first reading (malloc chunks mapped and unmapped) does not."""
+    from leaktrace.probes.gdb.probe import SITE_TRIGGER_BYTES, stack_libraries
+
+    leak, churn = 0x7f00_0000_1000, 0x7f00_0000_2000
+    probe, live = _probe([7])
+    steps = [(0, 4 * MB), (MB // 2, 0), (MB // 2, 4 * MB), (MB, 1 * MB), (SITE_TRIGGER_BYTES + MB // 2, 5 * MB)]
+    for i, (grown, churned) in enumerate(steps):
+        live.bpf = {"outstanding_by_pid": {7: grown + churned}, "top_sites": [_site(7, leak, grown), _site(7, churn, churned)]}
+        probe._enqueue_due()
+        due = probe.next_due()
+        assert due == (7 if i == len(steps) - 1 else None), (i, due)
+    site = probe.growing_site(7)
+    assert site is not None and site["site"] == leak and site["break_at"] == leak + 0x10
+    assert stack_libraries(site["frames"]) == {"libc.so.6", "libucm.so.0", "libucs.so.0", "libstdc++.so.6"}
+
+
+def test_a_heap_site_gives_no_breakpoint() -> None:
+    """A heap growth's site is malloc's caller: a breakpoint there would stop at every malloc it makes."""
+    probe, live = _probe([7])
+    for n in (0, MB, 2 * MB, 3 * MB):
+        live.bpf = {"outstanding_by_pid": {7: n}, "top_sites": [_site(7, 0x5000, n, kind="heap")]}
+        probe._enqueue_due()
+    assert probe.growing_site(7) is None

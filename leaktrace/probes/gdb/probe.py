@@ -113,7 +113,8 @@ class GdbProbe:
 
     def _follow_sites(self) -> dict[int, list[Any]]:
         """Per process, its call site that grew most since first seen among those growing (``[first bytes, last
-        bytes, new highs, top_sites entry, highest]``), from the bpf probe's latest figures."""
+        bytes, new highs, top_sites entry, highest]``; those with the trigger's count of new highs first), from
+        the bpf probe's latest figures."""
         entries = self.ctx.live.bpf.get("top_sites") or []
         if entries is self._sites_seen:
             return self._growing
@@ -129,7 +130,7 @@ class GdbProbe:
                 f[2], f[4] = f[2] + 1, e["bytes"]
             f[1], f[3] = e["bytes"], e
             best = growing.get(e["pid"])
-            if f[2] and (best is None or f[1] - f[0] > best[1] - best[0]):
+            if f[2] and (best is None or _rank(f) > _rank(best)):
                 growing[e["pid"]] = f
         self._growing = growing
         return growing
@@ -217,6 +218,11 @@ class GdbProbe:
                 "stops": sum(r.stops for r in runs), "paused_s": sum(r.paused_s for r in runs),
                 "attach_s": sum(r.attach_s for r in runs), "reasons": [r.reason for r in runs],
                 "python": sorted({r.python for r in runs if r.python}), "failures": self._failures}
+
+
+def _rank(f: list[Any]) -> tuple[bool, int]:
+    """Sites past the trigger's count of new highs first, then by growth."""
+    return f[2] >= SITE_TRIGGER_TICKS, f[1] - f[0]
 
 
 def stack_libraries(frames: list[str]) -> set[str]:
