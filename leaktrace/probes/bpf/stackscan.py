@@ -35,7 +35,7 @@ MALLOC_FUNCTIONS = frozenset({"malloc", "calloc", "realloc", "reallocarray", "me
                               "aligned_alloc", "valloc", "pvalloc", "__libc_malloc", "__libc_calloc",
                               "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc"})
 MAX_FRAMES = 24  # return addresses kept per window
-TOP_SITES_PER_PID = 4  # call sites published per process each tick (LiveFigures.bpf["top_sites"])
+TOP_SITES_PER_PID = 8  # call sites published per process each tick (LiveFigures.bpf["top_sites"])
 _LOOKBACK = 7  # the longest call form looked at: ff 94 24 disp32 (call [rsp+disp32])
 
 
