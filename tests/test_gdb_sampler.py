@@ -464,7 +464,7 @@ def test_hunt_stops_gdb_on_the_growing_call_path(spawn, tmp_path):
     ucx_patches = patched_code(target.pid)  # UCX's own bistro hooks in libc
     out = tmp_path / "hunt"
     r = run_cli("hunt", "--pid", target.pid, "--duration", "16", "--interval", "1", "--out", out,
-                "--format", "json", timeout=180)
+                "--format", "json", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "at its growing call site" in r.stderr, r.stderr[-3000:]
     reader = SessionReader(out)
