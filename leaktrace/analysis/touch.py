@@ -23,6 +23,9 @@ from leaktrace.analysis.growth import MB
 from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
 
+# The classes of regions named this way: malloc's arenas and thread stacks grow by touching too, but the ledger
+# (heap growth's callers) and the thread-stack analysis name those.
+TOUCHED_CLASSES = frozenset({"anon", "shm"})
 # A toucher names a region's growth when it made at least this share of the faults counted there.
 TOUCH_SHARE = 0.5
 # A region is a candidate when its resident pages grow at least this fast (MB/min) over the hunt.
@@ -59,6 +62,8 @@ def touch_candidates(reader: TableSource, info: dict[int, dict], th: dict[str, f
     out = []
     floor = max(MIN_REGION_MB_PER_MIN, 0.5 * th.get("leak_mb_per_min", 1.0))
     for r in grown.itertuples():
+        if str(r.cls) not in TOUCHED_CLASSES:
+            continue
         span_min = (r.t_last - r.t_first) / 60.0
         rate = (int(r.rss_last) - int(r.rss_first)) / MB / span_min
         if rate < floor:
