@@ -2,7 +2,9 @@
 
 Session tables written by :class:`GdbProbe`:
 
-``gdb_samples`` — one row per recorded syscall exit:
+``gdb_samples`` — one row per recorded syscall exit, or per stop at a growing call site (a breakpoint on the
+path the eBPF ledger saw grow: syscall "mmap", addr the address the call returned, length 0, frames from the
+stop out):
     t (s since hunt start), pid, tid, run (index of the gdb_runs row), syscall ("mmap" | "mremap" |
     "munmap"), addr (mmap/mremap: the returned address; munmap: the address unmapped; 0 on error),
     length (bytes mapped / new length / bytes unmapped), old_addr, old_length (mremap only, else 0),
