@@ -86,7 +86,8 @@ def touch_candidates(reader: TableSource, info: dict[int, dict], th: dict[str, f
             f"region 0x{int(r.start):x} ({int(r.size) / MB:.0f} MB, VmFlags {' '.join(flags) or '?'}) was mapped "
             f"before attach, and no syscall of the hunt mapped it; its resident pages grew from "
             f"{int(r.rss_first) / MB:.1f} MB to {int(r.rss_last) / MB:.1f} MB ({rate:.2f} MB/min)",
-            f"page faults: {by_lib.iloc[0] / total:.0%} of the {int(total):,} write faults counted in it were made by "
+            f"page faults: {by_lib.iloc[0] / total:.0%} of the ~{int(total):,} write faults in it (1 in "
+            f"{int(top['sample'].max())} counted) were made by "
             f"{lib} ({symbol}" + (", through libc's memset/memcpy" if bool((top["ip"] != top["caller"]).any()) else "")
             + ")",
         ]
@@ -96,7 +97,8 @@ def touch_candidates(reader: TableSource, info: dict[int, dict], th: dict[str, f
             kind=kind, pid=int(r.pid), mb_per_min=rate, source="faults", library=lib, stack=[symbol],
             evidence=evidence, outstanding_bytes=int(r.rss_last), cls=str(r.cls),
             label=p.get("label", "other"), title=p.get("title", "?"),
-            extra={"touched_by": lib, "mapped_before_attach": True,
+            # the region's size did not change: its address space did not grow, only what is resident
+            extra={"touched_by": lib, "mapped_before_attach": True, "mapped_mb_per_min": 0.0,
                    "region": {"start": f"0x{int(r.start):x}", "size": int(r.size), "flags": flags,
                               "rss_first": int(r.rss_first), "rss_last": int(r.rss_last)}}))
     return out
