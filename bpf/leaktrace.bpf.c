@@ -48,8 +48,9 @@
  * LT_TASK_EXIT_CODE_OFF, LT_OOM_TRACEPOINT (defined when the kernel has oom:mark_victim), LT_SYSV_TRACEPOINTS
  * (defined when it has the shmat/shmdt syscall tracepoints).
  *
- * Page faults (the raw tracepoint page_fault_user): memory that grows with no syscall at all (a region reserved before
- * attach, written piece by piece) is seen only as faults. A write fault of a traced process is counted in
+ * Page faults (raw tracepoints page_fault_user and page_fault_kernel, the kernel writing a user page for read() or
+ * recv()): memory that grows with no mapping syscall at all (a region reserved before attach, written piece by
+ * piece) is seen only as faults. A write fault of a traced process is counted in
  * `fault_counts` by (process, ip, site, 2 MiB bucket), never sent per fault; the first fault of a new
  * (process, ip, site) sends one stack window (LT_EV_FAULTWIN), from which user space names the code that
  * touched the page, past libc's memset/memcpy.
@@ -901,15 +902,11 @@ static __always_inline u64 *fault_stat(u32 idx)
     return fault_stats.lookup(&idx);
 }
 
-/* A write fault of a traced process (error_code bit 1): who touches fresh memory, and where. Read faults map the
- * zero page or file pages already cached, which is not memory the process grows by. A raw tracepoint (arguments:
- * address, the user's pt_regs, error_code): every write fault on the machine runs this up to the tgid check, and
- * the classic tracepoint would first copy its record for every one of them. */
-RAW_TRACEPOINT_PROBE(page_fault_user)
+/* A write fault of a traced process (error_code bit 1) at a user address: who touches fresh memory, and where.
+ * Read faults map the zero page or file pages already cached, which is not memory the process grows by. `uregs`:
+ * the user registers of the faulting context (0: the task's, saved at its syscall entry). */
+static __always_inline int count_fault(u64 address, u64 error_code, char *uregs)
 {
-    u64 error_code = ctx->args[2];
-    if (!(error_code & 2))
-        return 0;
 #ifdef LT_PIDNS_INO
     /* Faults are machine-wide and frequent: a host tgid not in `targets` is not looked up in the namespace (a
      * traced process joins `targets` at its first traced syscall; its faults before that go uncounted). */
@@ -931,10 +928,11 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
     if (sampled)
         *sampled += 1;
 #endif
-    u64 address = ctx->args[0];
     /* ip and sp of the faulting user context in one read (x86_64: ip, cs, flags, sp) */
     u64 span[(LT_REGS_SP_OFF - LT_REGS_IP_OFF) / 8 + 1] = {};
-    bpf_probe_read_kernel(span, sizeof(span), (char *)ctx->args[1] + LT_REGS_IP_OFF);
+    if (!uregs)
+        uregs = (char *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    bpf_probe_read_kernel(span, sizeof(span), uregs + LT_REGS_IP_OFF);
     struct lt_fault_key key = {.tgid = ids.tgid, .pad = 0, .ip = span[0], .site = 0,
                                .bucket = address >> LT_FAULT_BUCKET_SHIFT};
     if (called_from_libc(ids.tgid, key.ip)) {
@@ -980,5 +978,27 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
     ev.stack_id = -1;
     emit_window(&ev);
     return 0;
+}
+
+/* Raw tracepoints (arguments: address, pt_regs, error_code): every write fault on the machine runs these up to the
+ * tgid check, and the classic tracepoints would first copy their record for every one of them. */
+RAW_TRACEPOINT_PROBE(page_fault_user)
+{
+    u64 error_code = ctx->args[2];
+    if (!(error_code & 2))
+        return 0;
+    return count_fault(ctx->args[0], error_code, (char *)ctx->args[1]);  /* the user's registers at the fault */
+}
+
+/* The kernel writing a user page on the process's behalf (read(), recv(): copy_to_user): a server can grow by
+ * receiving into memory it never touched, with no fault of its own. The user context is the syscall's, so the
+ * toucher is the code that called read() or recv() (found in the window like memset's caller). */
+RAW_TRACEPOINT_PROBE(page_fault_kernel)
+{
+    u64 address = ctx->args[0];
+    u64 error_code = ctx->args[2];
+    if (!(error_code & 2) || (address >> 63))
+        return 0;
+    return count_fault(address, error_code, 0);
 }
 #endif

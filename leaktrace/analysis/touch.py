@@ -88,7 +88,7 @@ def touch_candidates(reader: TableSource, info: dict[int, dict], th: dict[str, f
             f"{int(r.rss_first) / MB:.1f} MB to {int(r.rss_last) / MB:.1f} MB ({rate:.2f} MB/min)",
             f"page faults: {by_lib.iloc[0] / total:.0%} of the ~{int(total):,} write faults in it (1 in "
             f"{int(top['sample'].max())} counted) were made by "
-            f"{lib} ({symbol}" + (", through libc's memset/memcpy" if bool((top["ip"] != top["caller"]).any()) else "")
+            f"{lib} ({symbol}" + (", through libc (memset, memcpy, read, recv)" if bool((top["ip"] != top["caller"]).any()) else "")
             + ")",
         ]
         if "nr" in flags:

@@ -1,8 +1,10 @@
-"""Who touches memory: the kernel's write-fault counts (bpf/leaktrace.bpf.c, exceptions:page_fault_user), named.
+"""Who touches memory: the kernel's write-fault counts (bpf/leaktrace.bpf.c, exceptions:page_fault_user and
+page_fault_kernel), named.
 
 Memory can grow with no syscall at all: a region reserved before attach (a 1 GiB MAP_NORESERVE arena) handed
 out piece by piece and written. The ledger sees nothing of it; /proc sees the region's resident pages grow; the
-page faults say whose code writes there. The kernel counts write faults per (process, faulting ip, site, 2 MiB
+page faults say whose code writes there: its own faults, and the kernel's writing its pages for it (read(), recv()
+into a buffer never touched). The kernel counts write faults per (process, faulting ip, site, 2 MiB
 bucket) in ``fault_counts`` and sends one stack window the first time a (process, ip, site) faults. Here:
 
 - each window names the code that touched the page: the ip itself when it is outside the C runtime, else the

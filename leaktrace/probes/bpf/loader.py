@@ -191,16 +191,17 @@ def sysv_defines() -> dict[str, int]:
     return {"LT_SYSV_TRACEPOINTS": 1} if ok else {}
 
 
-FAULT_TRACEPOINT = "exceptions/page_fault_user"
+FAULT_TRACEPOINTS = ("page_fault_user", "page_fault_kernel")  # exceptions/
 
 
 def fault_defines() -> dict[str, int]:
-    """``LT_NO_FAULTS`` when the kernel has no user page-fault tracepoint (attaching a missing one would fail the
+    """``LT_NO_FAULTS`` when the kernel lacks the page-fault tracepoints (attaching a missing one would fail the
     whole program): growth by touching pages is then left to the watcher, unnamed."""
     from leaktrace.tracefs import mounted_root
 
     root = mounted_root()
-    return {} if root is not None and os.path.isdir(f"{root}/events/{FAULT_TRACEPOINT}") else {"LT_NO_FAULTS": 1}
+    ok = root is not None and all(os.path.isdir(f"{root}/events/exceptions/{n}") for n in FAULT_TRACEPOINTS)
+    return {} if ok else {"LT_NO_FAULTS": 1}
 
 
 def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None = None) -> tuple[Any, HeaderChoice]:
