@@ -62,3 +62,19 @@ def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
     ends = walks["t"] + walks["walk_ms"] / 2000
     # one walk at a time: none starts before the one before it ended (10 ms of stamping slack)
     assert all(s >= e - 0.01 for s, e in zip(starts.iloc[1:], ends.iloc[:-1], strict=True)), walks[["t", "walk_ms"]]
+
+
+def test_compact_smaps_parser_without_vmflags_and_on_garbage() -> None:
+    """The searches by literal prefix need the VmFlags line that ends each mapping; without it (older
+    kernels) the line loop gives the same mappings, and a malformed file is refused, not misread."""
+    import pytest
+
+    from leaktrace import procfs
+
+    text = (REPO / "tests" / "data" / "proc" / "python.smaps").read_text()
+    want = [(m.start, m.end, m.perms, m.path, m.rss, m.anonymous) for m in procfs.parse_smaps(text)]
+    assert procfs.parse_smaps_compact(text) == want
+    no_flags = "\n".join(line for line in text.split("\n") if not line.startswith("VmFlags:"))
+    assert procfs.parse_smaps_compact(no_flags) == want
+    with pytest.raises(procfs.ParseError):
+        procfs.parse_smaps_compact("garbage without a header\n")

@@ -121,11 +121,35 @@ def parse_smaps(text: str) -> list[Mapping]:
 _HEX_START = frozenset("0123456789abcdef")
 
 
+# The lines the watcher reads, each found by a search for its literal prefix (the ~20 other lines of a mapping
+# are skipped in C): a mapping's header (the first line, then each one after the VmFlags line that ends the
+# mapping before it), its Rss and its Anonymous line. The kernel escapes a newline in a path (\012).
+_HEADER = r"([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+ *([^\n]*)"
+_FIRST_HEADER_RE = re.compile(_HEADER)
+_NEXT_HEADER_RE = re.compile(r"VmFlags:[^\n]*\n" + _HEADER)
+_RSS_RE = re.compile(r"\nRss: +(\d+) kB")
+_ANON_RE = re.compile(r"\nAnonymous: +(\d+) kB")
+
+
 def parse_smaps_compact(text: str) -> list[tuple[int, int, str, str, int, int]]:
     """(start, end, perms, path, rss, anonymous) per mapping — the watcher's hot path.
 
-    About 4× faster than :func:`parse_smaps` on 10,000 mappings: only two field lines are looked at
-    and no per-mapping object is built. Field lines are ``Key:  N kB``; header lines start with hex."""
+    Three searches over the text (~2x faster than a Python loop over its lines, ~8x than :func:`parse_smaps`);
+    text where they do not find one header, one Rss and one Anonymous line per mapping (a kernel without
+    VmFlags, a malformed file) goes through the line loop, which says what is wrong."""
+    first = _FIRST_HEADER_RE.match(text)
+    if first is not None:
+        heads = [first.groups(), *_NEXT_HEADER_RE.findall(text)]
+        rss, anon = _RSS_RE.findall(text), _ANON_RE.findall(text)
+        if len(heads) == len(rss) == len(anon):
+            return [(int(a, 16), int(b, 16), perms, path, int(r) * 1024, int(n) * 1024)
+                    for (a, b, perms, path), r, n in zip(heads, rss, anon, strict=True)]
+    return _parse_smaps_lines(text)
+
+
+def _parse_smaps_lines(text: str) -> list[tuple[int, int, str, str, int, int]]:
+    """:func:`parse_smaps_compact`, one line at a time: only two field lines are looked at and no per-mapping
+    object is built. Field lines are ``Key:  N kB``; header lines start with hex."""
     out: list[tuple[int, int, str, str, int, int]] = []
     hexstart = _HEX_START
     start = end = rss = anon = -1
