@@ -1,7 +1,8 @@
 """Watcher probe: /proc/PID/smaps_rollup of every process of the target trees every tick, and the full
-/proc/PID/smaps every ``smaps_every`` ticks, diffed against the previous one. Each row is stamped when its read
-returned, not when the tick began: on a saturated machine one tick's reads spread over seconds (~4 s a tick
-beside a busy vLLM pair on 2 cores, bench_vllm_serving).
+/proc/PID/smaps of each every ``smaps_every`` ticks (at once for a process first seen, then on its own ticks,
+skipped while nothing moved: FULL_SMAPS_MAX_SKIPS), diffed against the previous one. Each row is stamped
+when its read returned, not when the tick began: on a saturated machine one tick's reads spread over seconds
+(~4 s a tick beside a busy vLLM pair on 2 cores, bench_vllm_serving).
 
 Tables written (declared in leaktrace.session.tables): ``processes``, ``rollup``, ``class_usage``,
 ``region_events`` (born, grown, shrunk, gone, moved), ``regions`` (first and last snapshot).
@@ -73,6 +74,7 @@ class WatcherProbe:
         self.smaps_skipped = 0  # due full reads skipped: nothing moved (FULL_SMAPS_MAX_SKIPS)
         # pid -> (tick, (mapped, rss, anon, swap)) at its last full read
         self._at_full: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self._slots: dict[int, int] = {}  # pid -> its full reads' phase among the ticks
 
     # -- process tree
     def _refresh_tree(self, now: float) -> None:
@@ -159,6 +161,7 @@ class WatcherProbe:
         self.ctx.log(f"pid {pid} exited at t={now:.1f}s")
         self._last_regions.pop(pid, None)
         self._at_full.pop(pid, None)
+        self._slots.pop(pid, None)
         self._starttime.pop(pid, None)
         self._exe.pop(pid, None)
 
@@ -183,7 +186,7 @@ class WatcherProbe:
         assert self.ctx is not None
         if self._ticks:
             self._refresh_tree(now)
-        full = self._ticks % self.smaps_every == 0
+        k = self._ticks
         self._ticks += 1
         rows = []
         for pid in self.ctx.targets.live():
@@ -198,7 +201,11 @@ class WatcherProbe:
                 continue
             self.rollups += 1
             rows.append(rollup_row(self.ctx.session.now(), pid, r))  # when read: see the module docstring
-            if full:
+            # Each process's full reads fall on its own ticks (its slot, given in the order processes are
+            # seen): 8 vLLM processes read on the same tick make it seconds long and the next ticks late.
+            first = pid not in self._slots
+            slot = self._slots.setdefault(pid, len(self._slots) % self.smaps_every)
+            if first or (k + slot) % self.smaps_every == 0:
                 figures = self._figures(pid, r)
                 if not self._full_needed(pid, figures):
                     self.smaps_skipped += 1
