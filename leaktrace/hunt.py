@@ -19,6 +19,7 @@ from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
 from leaktrace.probes.bpf.probe import BpfProbe
 from leaktrace.probes.exporter import PrometheusExporter
 from leaktrace.probes.gdb.probe import GdbProbe
+from leaktrace.probes.host import HostMemoryProbe
 from leaktrace.probes.metrics import MetricsProbe
 from leaktrace.probes.pyheap import PyHeapProbe
 from leaktrace.probes.ucx_state import UcxStateProbe
@@ -38,6 +39,8 @@ PROBES: list[tuple[str, type, Callable[[HuntOptions], bool]]] = [
     ("pyheap", PyHeapProbe, lambda o: o.pyheap),
     # Effective UCX state (hooks, hook mode, rcache limits) of targets that map UCX: cheap, always on.
     ("ucx", UcxStateProbe, lambda o: True),
+    # The host's memory and what each target pins (memory no process maps): one small read a tick, always on.
+    ("host", HostMemoryProbe, lambda o: True),
     ("exporter", PrometheusExporter, lambda o: o.prometheus_port is not None),
 ]
 

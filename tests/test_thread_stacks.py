@@ -75,7 +75,7 @@ def test_unjoined_thread_stacks_are_rated_by_resident_growth(spawn, spawner, tmp
     # the stacks mapped since attach and still held: those of the hunt's window, give or take its edges
     assert 0.8 * (kept1 - kept0) <= top["stacks_kept"] <= kept1 - kept0, (top["stacks_kept"], kept1 - kept0)
     assert "exited without pthread_join/pthread_detach" in top["finding"], top["finding"]
-    assert f"{top['stacks_kept']} of threads that exited" in top["finding"], top["finding"]  # none alive
+    assert f", {top['stacks_kept']} of threads that exited" in top["finding"], top["finding"]  # none alive
     assert "pthread_join" in top["remedy"] and "pool" in top["remedy"]
     assert any("threadspawn_start" in f for f in top["stack"]), top["stack"]
 

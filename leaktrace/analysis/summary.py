@@ -17,6 +17,7 @@ from leaktrace.analysis.culprits import find_culprits
 from leaktrace.analysis.exits import process_exits
 from leaktrace.analysis.first_named import first_named
 from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
+from leaktrace.analysis.host import add_host_culprit, host_block, host_memory
 from leaktrace.analysis.ledger import ledger_summary
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
 from leaktrace.analysis.report_types import Report
@@ -165,6 +166,8 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
 
     findings = find_culprits(reader, procs, info=info, shm=shm, warnings=warnings)
     verdict, why = _verdict(procs, findings, span)
+    host = host_memory(reader, procs)  # memory the host loses that no hunted process holds
+    verdict, why = add_host_culprit(findings, host, reader, verdict, why)
     culprits = findings.culprits if verdict == "leak" else []
     if with_first_named and culprits:
         try:
@@ -235,7 +238,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         "session_complete": reader.complete,
         "session_id": meta.get("id"),
         "target": meta.get("target", {}),
-        "host": meta.get("host", {}),
+        "host": {**meta.get("host", {}), **host_block(host)},
         "probes": meta.get("probes", []),
         "thresholds": THRESHOLDS,
         "processes": processes,

@@ -124,6 +124,12 @@ _DECLARED = (
     Table("gdb_runs", _cols("t_start:f t_end:f pid:i run:i stops:i samples:i paused_s:f handler_s:f "
                             "attach_s:f symbols_s:f threads:i reason:s python:s state_after:s tracer_after:i "
                             "sigcont:b")),
+    # host probe: the host's memory every tick (/proc/meminfo; bytes), and what each target pins (VmPin: pages
+    # pinned by drivers; VmLck: mlock()ed) with its live threads.
+    Table("host_memory", _cols("t:f mem_total:i mem_available:i mem_free:i anon_pages:i shmem:i mapped:i "
+                               "unevictable:i mlocked:i cached:i vmalloc_used:i slab_unreclaimable:i "
+                               "kernel_stack:i page_tables:i")),
+    Table("host_procs", _cols("t:f pid:i vm_pin:i vm_lck:i threads:i")),
     # ucx probe: effective UCX state (leaktrace.vllm.ucx.UcxConfig.as_row).
     Table("ucx_state", _cols("pid:i ucx_loaded:b ucx_version:s hooks_active:b hooked_functions:s hook_mode:s "
                              "rcache_max_unreleased:s rcache_enable:s hook_mode_source:s "
