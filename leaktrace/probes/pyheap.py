@@ -266,7 +266,9 @@ class PyHeapProbe:
                     left = stop_by - time.monotonic()
                     if left <= 0:
                         return None
-                    st = self.walker.walk(pid, where, budget=min(5.0, left), wait=left)
+                    # a frozen set whose ends did not move is not walked again at stop, however old its walk:
+                    # 660k objects in each vLLM process would take the stop's whole time
+                    st = self.walker.walk(pid, where, budget=min(5.0, left), wait=left, frozen_max_age=1e9)
                 else:
                     st = self.walker.walk(pid, where, budget=self.WALK_BUDGET_S, stop=self._stop)
             except WalkerGone as e:

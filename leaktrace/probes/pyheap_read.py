@@ -110,13 +110,13 @@ def locate(pid: int) -> Interpreter | dict[str, Any]:
 
 def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
                      where: Interpreter | None = None, frozen_cache: dict[str, Any] | None = None,
-                     budget: float = WALK_BUDGET_S) -> dict[str, Any]:
+                     budget: float = WALK_BUDGET_S, frozen_max_age: float = FROZEN_REWALK_S) -> dict[str, Any]:
     """GC state of a live CPython process without stopping it (see the module docstring). With ``walk``
     the GC lists are walked (object counts) and, with ``types_too``, ``types``: {type name: (objects,
     frozen objects)} of a complete walk (absent when a list changed under the walk). ``where``: the
     process's interpreter as :func:`locate` found it (else found now). ``frozen_cache``: a dict kept by the
     caller for this process, where the frozen set's walk is kept and reused while the set's ends are
-    the same and it is younger than FROZEN_REWALK_S (``frozen_walked``: False when reused). ``budget``:
+    the same and it is younger than ``frozen_max_age`` (``frozen_walked``: False when reused). ``budget``:
     seconds the walk may take (a list not walked through by then counts -1)."""
     if where is None:
         found = locate(pid)
@@ -168,7 +168,7 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
             ends = (interp, mem.read_ptr(perm), mem.read_ptr(perm + 8))
             kept = frozen_cache or {}
             if (kept.get("ends") == ends and kept.get("n", -1) >= 0
-                    and time.monotonic() - kept.get("at", 0.0) < FROZEN_REWALK_S):
+                    and time.monotonic() - kept.get("at", 0.0) < frozen_max_age):
                 out["frozen"], frozen_types = kept["n"], dict(kept["types"])
                 out["frozen_walked"] = False
             else:

@@ -177,11 +177,12 @@ def _die_with_parent(ppid: int) -> bool:
 
 
 def serve(requests: Any, answer: Any) -> None:
-    """Answer each request line of ``requests``: ``{"id", "pid", "where": Interpreter fields, "budget": s}``
+    """Answer each request line of ``requests``: ``{"id", "pid", "where": Interpreter fields, "budget": s,
+    "frozen_max_age": s}``
     → ``{"id", "ok": read_python_heap(...), "cpu_s"}`` (``types`` as {name: [objects, frozen]}) or ``{"id",
     "error": exception class, "msg"}``; ``{"forget": pid}`` drops what is kept of a process. Ends at
     the end of ``requests``."""
-    from leaktrace.probes.pyheap_read import Interpreter, read_python_heap
+    from leaktrace.probes.pyheap_read import FROZEN_REWALK_S, Interpreter, read_python_heap
 
     frozen: dict[int, dict[str, Any]] = {}  # pid -> its frozen set's last walk (read_python_heap's cache)
     for line in requests:
@@ -196,7 +197,8 @@ def serve(requests: Any, answer: Any) -> None:
         c0 = time.process_time()
         try:
             st = read_python_heap(pid, walk=True, where=Interpreter(**req["where"]),
-                                  frozen_cache=frozen.setdefault(pid, {}), budget=float(req.get("budget", WALK_BUDGET_S)))
+                                  frozen_cache=frozen.setdefault(pid, {}), budget=float(req.get("budget", WALK_BUDGET_S)),
+                                  frozen_max_age=float(req.get("frozen_max_age", FROZEN_REWALK_S)))
             # the walk's CPU seconds (its wall time on a busy node is mostly waiting: the worker is niced)
             msg: dict[str, Any] = {"id": rid, "ok": st, "cpu_s": round(time.process_time() - c0, 4)}
         except Exception as e:  # noqa: BLE001 - said to the hunt, which decides

@@ -88,11 +88,12 @@ class WalkerProcess:
             raise WalkerGone(f"the walker process ended ({e})") from e
 
     def walk(self, pid: int, where: Interpreter, budget: float, stop: threading.Event | None = None,
-             wait: float | None = None) -> dict[str, Any]:
+             wait: float | None = None, frozen_max_age: float | None = None) -> dict[str, Any]:
         """read_python_heap(pid, walk=True, where=where) in the worker, with its frozen-set cache. Raises
         what the walk raised there when it is one of the errors a target's end gives (ProcessGone,
         OSError), WalkerGone when no answer came in ``budget`` + SLACK_S (or ``wait``; or ``stop`` set: the
-        answer, when it comes, is dropped)."""
+        answer, when it comes, is dropped). ``frozen_max_age``: the worker's frozen-set walk is reused while its
+        ends did not move and it is younger than this (None: FROZEN_REWALK_S)."""
         if not self.alive():
             self.spawn()
         if not self._ready:
@@ -103,6 +104,7 @@ class WalkerProcess:
         self._next_id += 1
         rid = self._next_id
         self._send({"id": rid, "pid": pid, "budget": budget,
+                    **({} if frozen_max_age is None else {"frozen_max_age": frozen_max_age}),
                     "where": {"path": where.path, "version": where.version, "runtime": where.runtime,
                               "offs": where.offs, "source": where.source}})
         deadline = time.monotonic() + (budget + self.SLACK_S if wait is None else wait)
