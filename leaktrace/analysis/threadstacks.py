@@ -23,12 +23,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.candidates import Candidate
+from leaktrace.analysis.candidates import Candidate, frame_library
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.ledger import stack_frames
+from leaktrace.memclass import LIBC_LIBRARY
 from leaktrace.session import TableSource
 
 THREAD_CREATE = re.compile(r"allocate_stack|pthread_create|create_thread|thrd_create")
+# Thread runtimes that call pthread_create for their callers (std::thread, OpenMP, Boost, TBB): the library
+# that starts the threads is the first frame above them.
+THREAD_RUNTIME = re.compile(r"^(libstdc\+\+|libc\+\+|libgomp|libomp|libboost_thread|libtbb)[.-]")
 MAX_GUARD = 1 << 20  # a guard larger than this is not glibc's (pthread_attr_setguardsize aside)
 STACK_SHARE = 0.5  # share of a culprit's held bytes that must be thread stacks to call it so
 KIB = 1024
@@ -150,6 +154,21 @@ def recognise(reader: TableSource, ledger: list[Candidate], warnings: list[str],
     return out
 
 
+def starter(c: Candidate) -> str | None:
+    """The library that starts the threads when ``c``'s is a thread runtime (libstdc++'s std::thread…): the
+    first frame above the runtime's in its stack that is neither the C library nor a runtime; else None."""
+    if not c.library or not THREAD_RUNTIME.match(c.library):
+        return None
+    seen = False
+    for f in c.stack:
+        lib = frame_library(f)
+        if lib == c.library:
+            seen = True
+        elif seen and lib and not lib.startswith("?") and not LIBC_LIBRARY.match(lib) and not THREAD_RUNTIME.match(lib):
+            return lib
+    return None
+
+
 def _relabel(c: Candidate, st: dict[str, Any], threads: tuple[int, int] | None) -> None:
     share = float(st["share"])
     mapped = c.mb_per_min
@@ -160,6 +179,12 @@ def _relabel(c: Candidate, st: dict[str, Any], threads: tuple[int, int] | None) 
         alive = max(0, min(n, threads[1] - threads[0]))  # threads started since attach and still running
     exited = n - alive if alive is not None else None
     c.kind = "thread-stacks"
+    above = starter(c)
+    if above is not None:
+        c.evidence.insert(0, f"{above} starts the threads through {c.library} (the thread runtime that calls "
+                             "pthread_create for it)")
+        c.extra["thread_runtime"] = c.library
+        c.library = above
     c.mb_per_min = mapped * share
     for k in ("raw_mb_per_min", "lower_mb_per_min"):
         if c.extra.get(k) is not None:
