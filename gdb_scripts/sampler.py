@@ -530,8 +530,9 @@ class Sampler:
         hit = self.symbols.get(pc)
         if hit is None:
             try:
-                m = ADDRESS_SYMBOL.search(gdb.format_address(pc))
-            except (gdb.error, RuntimeError, ValueError):
+                # an unwind that ran off the end gives pc 0, looked up at -1 (OverflowError)
+                m = ADDRESS_SYMBOL.search(gdb.format_address(pc)) if pc > 0 else None
+            except (gdb.error, RuntimeError, ValueError, OverflowError):
                 m = None
             hit = (m.group("sym"), int(m.group("off") or 0)) if m else (None, None)
             if len(self.symbols) < 100_000:
@@ -545,6 +546,8 @@ class Sampler:
         pc_is_return_address = innermost_is_return
         while frame is not None and level < self.max_frames:
             pc = frame.pc()
+            if pc == 0 and level:  # the unwind ran off the end (no unwind info for the frame below)
+                break
             # Above the innermost frame pc is usually a return address: look the symbol up at pc-1,
             # still inside the calling function even when the call was its last instruction. Not so
             # above an inlined frame (same pc) or a signal trampoline.
