@@ -21,13 +21,13 @@ Measured per run:
     .venv/bin/python bench/bench_attach_ticks.py --repo /tmp/old --repo .   # before/after in one run
 
 Seen on the shared 2-core machine (6 processes x 150k frozen objects x 2,000 mappings, every one leaking
-1 MiB now and then, 2 hogs, load average 5-10, 90 s hunts, gdb on), before / after the probes' start was
-reordered: attach_s 18.6 s / 4.6 s (bpf live after 4.2 s, its compile 1.9 s of it; watcher 0.1 s; pyheap
-0.01 s: its walks start after attach); ticks late 0 / 0 of 91; CPU 0.152 / 0.157 of a core from spawn to
-exit (hunt 10.3 / 11.2 s, helpers 7.3 / 4.4 s: the heap walker held to 3% of a core; the watcher's ticks
-are the rest: every process here grows, so no full smaps read is skipped); window end to exit 13.0 / 13.4 s
-(pyheap's stop walks 5.6 s, bpf 1.5 s, watcher 1.0 s, reports 2.6 s). On a quieter run (load ~2, 30 s
-hunts) attach_s 5.98 s / 2.2-2.5 s.
+1 MiB now and then, 2 hogs, load average 3-7 from CI beside it, 90 s hunts, gdb on), before / after:
+attach_s 7.2 s / 3.0 s (bpf live 2.6 s after the hunt's start, its compile 1.4 s of it; watcher 0.06 s;
+pyheap 0.01 s: its walks start after attach); ticks late 0 / 0 of 91; CPU 0.151 / 0.161 of a core from spawn
+to exit (hunt 8.6 / 10.6 s, helpers 6.4 / 4.2 s: the heap walker held to 3% of a core; every process here
+grows, so no full smaps read is skipped, and the watcher's ticks cost as much as before: 3.5 / 4.5 s, within
+this machine's run-to-run spread); window end to exit 9.8 / 7.4 s (pyheap's stop walks 2.2 s, bpf 1.3 s,
+watcher 0.3 s, reports 1.8 s). Under heavier load (load average 5-10): attach_s 18.6 s / 4.6 s.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def hunt(repo: Path, pid: int, duration: float, interval: float, gdb: bool) -> d
         "max_late_s": tc.get("max_late_s"),
         "tick_wall_s": {k: v.get("wall_s") for k, v in (tc.get("probes") or {}).items()},
         "tick_cpu_s": {k: v.get("cpu_s") for k, v in (tc.get("probes") or {}).items()},
+        "tick_max_wall_s": {k: v.get("max_wall_s") for k, v in (tc.get("probes") or {}).items()},
         "stop_s": tc.get("stop_s"), "report_s": round(t_exit - float(meta["t0_monotonic"]) - float(meta["end_wall"])
                                                        + float(meta["start_wall"]), 1),
         "walks": (meta.get("probe_summaries") or {}).get("pyheap", {}).get("walks"),
