@@ -17,6 +17,8 @@ import importlib.util
 import os
 import platform
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -222,3 +224,58 @@ def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None =
     except Exception as e:  # noqa: BLE001 - bcc raises bare Exception for compile/load failures
         raise BpfUnavailable(f"BPF program failed to load ({choice.kind} headers): {str(e).strip()[:300]}") from e
     return prog, choice
+
+
+class ProgramBuild:
+    """The program compiled and loaded with the PID namespace's knobs: at once by :meth:`result`, or started in
+    a background thread by :meth:`start` (BCC's compile runs in C++ without the GIL) and joined by
+    :meth:`result`, which raises what the compile raised. ``started_at``: monotonic time the background
+    compile began (else :meth:`result`'s call)."""
+
+    def __init__(self, defines: dict[str, int]) -> None:
+        self.defines = defines
+        self.started_at = 0.0
+        self._thread: threading.Thread | None = None
+        self._result: tuple[Any, HeaderChoice, int | None, float] | BaseException | None = None
+
+    def start(self) -> None:
+        self.started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._in_background, name="bpf-compile", daemon=True)
+        self._thread.start()
+
+    def _in_background(self) -> None:
+        try:
+            self._result = self._compile()
+        except BaseException as e:  # noqa: BLE001 - raised again by result(), in the caller's thread
+            self._result = e
+
+    def _compile(self) -> tuple[Any, HeaderChoice, int | None, float]:
+        """(program, header choice, PID namespace inode or None, seconds the compile and load took)."""
+        t0 = time.monotonic()
+        # Inside a PID namespace the kernel's pids are not /proc's: the program then translates them.
+        ns = pid_namespace()
+        pidns_ino = None if ns is None or ns.is_init else ns.ino
+        prog, choice = load_program(defines={**self.defines, **(ns.defines() if ns else {})})
+        return prog, choice, pidns_ino, time.monotonic() - t0
+
+    def result(self) -> tuple[Any, HeaderChoice, int | None, float]:
+        if self._thread is None:
+            self.started_at = time.monotonic()
+            return self._compile()
+        self._thread.join()
+        self._thread = None
+        got, self._result = self._result, None
+        if isinstance(got, BaseException):
+            raise got
+        assert got is not None
+        return got
+
+    def cancel(self) -> None:
+        """A program compiled in the background and never taken by :meth:`result` is unloaded."""
+        if self._thread is None:
+            return  # never started, or result() already took the program
+        try:
+            prog = self.result()[0]
+        except Exception:  # noqa: BLE001 - nothing was loaded
+            return
+        prog.cleanup()

@@ -29,6 +29,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes.bpf import loader
 from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
 from leaktrace.probes.bpf.hookpaths import HookPaths
 from leaktrace.probes.bpf.kernel import KernelSide
@@ -105,75 +106,29 @@ class BpfProbe:
         self._counters: dict[str, int] = {**dict.fromkeys(COUNTERS, 0), "shm_unsized": 0}
         self.shm_sizer = ShmSizer()
         self._maps_refreshed: dict[int, float] = {}
-        self.attach_s: float | None = None
-        self.start_s: float | None = None  # what the hunt records as this probe's attach (see prepare)
+        self.attach_s: float | None = None  # = start_s (the hunt's record): from the compile's start to live
+        self.start_s: float | None = None
         self.compile_s: float | None = None
-        self._t_prepare: float | None = None
-        self._compile_thread: threading.Thread | None = None
-        self._compiled: tuple[Any, Any, int | None, float] | BaseException | None = None
+        self._build = loader.ProgramBuild(self.defines)  # compiled in the background from prepare()
         self.error: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def prepare(self, ctx: HuntContext) -> None:
-        """Compile and load the program in the background from the hunt's start (seconds of LLVM, run in C++
-        without the GIL), while the probes before this one start; :meth:`start` waits for it."""
-        self._t_prepare = time.monotonic()
-        self._compile_thread = threading.Thread(target=self._compile_in_background, name="bpf-compile", daemon=True)
-        self._compile_thread.start()
-
-    def _compile_in_background(self) -> None:
-        try:
-            self._compiled = self._compile()
-        except BaseException as e:  # noqa: BLE001 - raised again by start(), in the hunt's thread
-            self._compiled = e
-
-    def _compile(self) -> tuple[Any, Any, int | None, float]:
-        """(program, header choice, PID namespace inode or None, seconds the compile and load took)."""
-        from leaktrace.probes.bpf import loader
-
-        t0 = time.monotonic()
-        # Inside a PID namespace the kernel's pids are not /proc's: the program then translates them.
-        ns = loader.pid_namespace()
-        pidns_ino = None if ns is None or ns.is_init else ns.ino
-        prog, choice = loader.load_program(defines={**self.defines, **(ns.defines() if ns else {})})
-        return prog, choice, pidns_ino, time.monotonic() - t0
-
-    def _compiled_program(self) -> tuple[Any, Any, int | None, float]:
-        if self._compile_thread is None:
-            return self._compile()
-        self._compile_thread.join()
-        self._compile_thread = None
-        got, self._compiled = self._compiled, None
-        if isinstance(got, BaseException):
-            raise got
-        assert got is not None
-        return got
+        self._build.start()  # at the hunt's start; start() waits for it
 
     def cancel(self) -> None:
-        """The hunt ended before this probe started: a program compiled in the background is unloaded."""
-        if self._compile_thread is None:
-            return  # never prepared, or start() already took the program
-        try:
-            prog = self._compiled_program()[0]
-        except Exception:  # noqa: BLE001 - nothing was loaded
-            return
-        prog.cleanup()
+        self._build.cancel()  # never started: a program compiled in the background is unloaded
 
     def start(self, ctx: HuntContext) -> None:
-        from leaktrace.probes.bpf import loader
-
         self.ctx = ctx
-        t0 = time.monotonic()
-        prog, choice, pidns_ino, self.compile_s = self._compiled_program()
+        prog, choice, pidns_ino, self.compile_s = self._build.result()
         self.header_kind = choice.kind
         self.writer = SnapshotRows(ctx, self.kernel, self.ledger, self.libraries, self.symbols, self.scanner,
                                    choice.kind)
         self.kernel.attach(prog, loader.import_bcc().libbcc.lib, self._on_event, pidns_ino)
         for pid in ctx.targets.live():
             self._add_target(pid)
-        # From the compile's start (in the background, from the hunt's start) to live.
-        self.attach_s = time.monotonic() - (self._t_prepare if self._t_prepare is not None else t0)
-        self.start_s = self.attach_s
+        self.attach_s = self.start_s = time.monotonic() - self._build.started_at
         self._missed_at_attach(ctx)
         where = f", pids of PID namespace {pidns_ino}" if pidns_ino else ""
         ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
@@ -303,9 +258,8 @@ class BpfProbe:
         return {"events": self._counters["syscalls"], "lost_events": self._counters["lost_events"],
                 "outstanding_bytes": tot, "slow_events": self._counters["slow_events"],
                 "settled_in_kernel": self._counters["settled"], "headers": self.header_kind,
-                "attach_s": self.attach_s,
-                "compile_s": None if self.compile_s is None else round(self.compile_s, 3), "error": self.error,
-                "memory_hook": dict(self.hooks.hook_counts)}
+                "attach_s": self.attach_s, "compile_s": self.compile_s and round(self.compile_s, 3),
+                "error": self.error, "memory_hook": dict(self.hooks.hook_counts)}
 
     def ledger_totals(self) -> int:
         live = self.ctx.live.bpf if self.ctx else {}
