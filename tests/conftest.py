@@ -117,6 +117,8 @@ ALONE_MODULES = {
     "test_bpf_stream.py", "test_pyheap_stall.py", "test_verdict_plateau.py", "test_demo.py",
     "test_python_vs_native.py", "test_live_exporter.py", "test_notebook.py", "test_packaging.py",
     "test_flamegraph.py", "test_watch.py", "test_verdicts.py",
+    # its tmpfs writer makes the host lose memory no process holds: a neighbour's hunt would see it too
+    "test_host_memory.py",
 }
 
 
