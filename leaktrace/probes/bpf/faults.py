@@ -43,6 +43,7 @@ from leaktrace.probes.bpf.stackscan import StackScanner
 
 BUCKET = 1 << FAULT_BUCKET_SHIFT
 DEFAULT_SAMPLE = 4  # LT_FAULT_SAMPLE's default in bpf/leaktrace.bpf.c
+SYMBOLS_MAX_BYTES = 64 << 20  # a toucher in a larger library is named by its file offset (see _symbol)
 _SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ", re.M)
 
 
@@ -65,6 +66,7 @@ class FaultSites:
         self._vmflags: dict[tuple[int, int], str] = {}  # (pid, region start) -> VmFlags
         self._symbols: dict[tuple[int, int], str] = {}  # (pid, toucher address) -> its frame as text
         self._buf: tuple[Any, Any, int] | None = None  # keys and counts taken from the kernel, reused per tick
+        self._read_this_tick: dict[int, list[tuple[int, int, str]]] = {}  # pid -> this tick's smaps VmFlags
 
     def learn(self, e: WindowEvent) -> None:
         """A window of the first fault of (pid, ip, site): the code that touched the page."""
@@ -134,6 +136,7 @@ class FaultSites:
     def rows(self, t: float) -> list[dict[str, Any]]:
         """``fault_sites`` rows of the counts taken now (see the module doc): per region mapped before attach,
         and otherwise per toucher, with the span of the buckets its faults fell in."""
+        self._read_this_tick = {}
         groups: dict[tuple[int, int, int, int], list[int]] = {}  # (pid, ip, site, region start) -> faults, lo, hi
         for k, n in self.take_counts():
             a = k.bucket << FAULT_BUCKET_SHIFT
@@ -161,11 +164,18 @@ class FaultSites:
         return out
 
     def _symbol(self, pid: int, addr: int) -> str:
-        """``library!symbol+0xoff`` of a toucher, once per (pid, address): reading a large library's symbols
-        takes seconds, so only the touchers of regions mapped before attach are named so, not every toucher."""
+        """``library!symbol+0xoff`` of a toucher, once per (pid, address), only for the touchers of regions
+        mapped before attach. A library over SYMBOLS_MAX_BYTES is named ``library+0xoff`` (its file offset):
+        reading its symbols (libtorch_cpu.so, 434 MB) takes seconds of a tick, and holds the interpreter
+        while the ring buffer fills."""
         hit = self._symbols.get((pid, addr))
         if hit is None:
-            hit = self._symbols[(pid, addr)] = str(self.symbols.frame(pid, addr))
+            m = self.symbols.mapping(pid, addr)
+            if m is not None and m.path.startswith("/") and _size(m.path) > SYMBOLS_MAX_BYTES:
+                hit = f"{os.path.basename(m.path)}+0x{addr - m.start + m.offset:x}"
+            else:
+                hit = str(self.symbols.frame(pid, addr))
+            self._symbols[(pid, addr)] = hit
         return hit
 
     def _preexisting_region(self, pid: int, a: int) -> tuple[int, int] | None:
@@ -183,27 +193,43 @@ class FaultSites:
         return None
 
     def _flags(self, pid: int, start: int) -> str:
+        """The VmFlags of the region at ``start``: every region's of ``pid`` from one smaps read, at most once
+        a tick (a torch process's smaps is thousands of entries; one read per region stalled the tick)."""
         hit = self._vmflags.get((pid, start))
         if hit is None:
-            try:
-                hit = _vmflags_at(procfs.read_proc_text(pid, "smaps"), start)
-            except (ProcessGone, AccessDenied, OSError):
-                hit = ""
-            self._vmflags[(pid, start)] = hit
+            entries = self._read_this_tick.get(pid)
+            if entries is None:
+                try:
+                    entries = _all_vmflags(procfs.read_proc_text(pid, "smaps"))
+                except (ProcessGone, AccessDenied, OSError):
+                    entries = []
+                self._read_this_tick[pid] = entries
+            hit = self._vmflags[(pid, start)] = next((f for lo, hi, f in entries if lo <= start < hi), "")
         return hit
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _all_vmflags(smaps: str) -> list[tuple[int, int, str]]:
+    """(start, end, VmFlags) of each smaps entry ("" for an entry without the line)."""
+    out: list[tuple[int, int, str]] = []
+    heads = list(_SMAPS_HEADER.finditer(smaps))
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(smaps)
+        at = smaps.find("VmFlags:", m.end(), end)
+        flags = smaps[at + len("VmFlags:"):smaps.find("\n", at)].strip() if at >= 0 else ""
+        out.append((int(m.group(1), 16), int(m.group(2), 16), flags))
+    return out
 
 
 def _vmflags_at(smaps: str, start: int) -> str:
     """The VmFlags of the smaps entry that contains ``start`` ("" when none does)."""
-    for m in _SMAPS_HEADER.finditer(smaps):
-        lo, hi = int(m.group(1), 16), int(m.group(2), 16)
-        if lo <= start < hi:
-            at = smaps.find("VmFlags:", m.end())
-            nxt = _SMAPS_HEADER.search(smaps, m.end())
-            if at < 0 or (nxt is not None and at > nxt.start()):
-                return ""
-            return smaps[at + len("VmFlags:"):smaps.find("\n", at)].strip()
-    return ""
+    return next((flags for lo, hi, flags in _all_vmflags(smaps) if lo <= start < hi), "")
 
 
 def _has_map(prog: Any, name: bytes) -> bool:
