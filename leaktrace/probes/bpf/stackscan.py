@@ -158,7 +158,11 @@ class StackScanner:
                 if frames is None:
                     if len(self._site_frames) > 10_000:
                         self._site_frames.clear()
-                    frames = self._site_frames[(pid, site, ip)] = frames_of(pid, site, ip, stack_id)
+                    frames = frames_of(pid, site, ip, stack_id)
+                    # Kept once the site's chain is known: frames made before it lack the libraries that
+                    # own_caller's stop lies in, and gdb would stop there without their symbols.
+                    if (pid, site) in self.chains:
+                        self._site_frames[(pid, site, ip)] = frames
                 out.append({"pid": pid, "site": site, "ip": ip, "kind": kind, "bytes": n, "frames": frames,
                             "break_at": self.own_caller(pid, site, ip)})
         return out

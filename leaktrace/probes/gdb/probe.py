@@ -7,7 +7,8 @@ import threading
 import time
 from typing import Any
 
-from leaktrace.errors import GdbUnavailable, NoSuchProcess
+from leaktrace import procfs
+from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes import HuntOptions
 from leaktrace.probes.gdb.attach import GdbRun, PauseBudget, sample_process
 from leaktrace.probes.gdb.checks import preflight
@@ -179,8 +180,11 @@ class GdbProbe:
             session.append("gdb_samples", rows)
 
         site = self.growing_site(pid)
-        at = {} if site is None else {"site": {"address": site.get("break_at") or site["site"], "label": "mmap"},
-                                      "libraries": stack_libraries(site["frames"])}
+        at: dict[str, Any] = {}
+        if site is not None:
+            stop_at = site.get("break_at") or site["site"]
+            at = {"site": {"address": stop_at, "label": "mmap"},
+                  "libraries": stack_libraries(site["frames"]) | libraries_at(pid, (site["site"], stop_at))}
         where = f" at its growing call site {site['site']:#x} (stop at {at['site']['address']:#x})" if site else ""
         self.ctx.log(f"gdb: sampling pid {pid}{where} (up to {self.samples_per_process} stacks, "
                      f"{self.seconds_per_process:.0f} s)")
@@ -223,6 +227,17 @@ class GdbProbe:
 def _rank(f: list[Any]) -> tuple[bool, int]:
     """Sites past the trigger's count of new highs first, then by growth."""
     return f[2] >= SITE_TRIGGER_TICKS, f[1] - f[0]
+
+
+def libraries_at(pid: int, addresses: tuple[int, ...]) -> set[str]:
+    """The file names (as mapped) holding ``addresses`` in ``pid``: gdb needs the symbols of the library it
+    stops in and of the site's own, whatever the ledger's frames of the site hold."""
+    try:
+        maps = procfs.read_maps(pid)
+    except LeaktraceError:
+        return set()
+    return {os.path.basename(m.path) for m in maps for a in addresses
+            if m.start <= a < m.end and m.path.startswith("/")}
 
 
 def stack_libraries(frames: list[str]) -> set[str]:
