@@ -147,6 +147,22 @@ def parse_smaps_compact(text: str) -> list[tuple[int, int, str, str, int, int]]:
     return _parse_smaps_lines(text)
 
 
+_SMAPS_HEADER_LINE_RE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ", re.M)
+
+
+def parse_smaps_vmflags(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, VmFlags) of each mapping of /proc/PID/smaps ("" for one without the line; ``nr``:
+    MAP_NORESERVE)."""
+    out: list[tuple[int, int, str]] = []
+    heads = list(_SMAPS_HEADER_LINE_RE.finditer(text))
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        at = text.find("VmFlags:", m.end(), end)
+        flags = text[at + len("VmFlags:"):text.find("\n", at)].strip() if at >= 0 else ""
+        out.append((int(m.group(1), 16), int(m.group(2), 16), flags))
+    return out
+
+
 def _parse_smaps_lines(text: str) -> list[tuple[int, int, str, str, int, int]]:
     """:func:`parse_smaps_compact`, one line at a time: only two field lines are looked at and no per-mapping
     object is built. Field lines are ``Key:  N kB``; header lines start with hex."""

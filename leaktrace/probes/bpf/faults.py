@@ -30,7 +30,6 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
-import re
 from typing import Any
 
 from leaktrace import procfs
@@ -40,11 +39,11 @@ from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import FAULT_BUCKET_SHIFT, FAULT_STATS, FaultKey, WindowEvent
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.procfs.parsers import parse_smaps_vmflags
 
 BUCKET = 1 << FAULT_BUCKET_SHIFT
 DEFAULT_SAMPLE = 4  # LT_FAULT_SAMPLE's default in bpf/leaktrace.bpf.c
 SYMBOLS_MAX_BYTES = 64 << 20  # a toucher in a larger library is named by its file offset (see _symbol)
-_SMAPS_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ", re.M)
 
 
 def _i64(x: int) -> int:
@@ -200,7 +199,7 @@ class FaultSites:
             entries = self._read_this_tick.get(pid)
             if entries is None:
                 try:
-                    entries = _all_vmflags(procfs.read_proc_text(pid, "smaps"))
+                    entries = parse_smaps_vmflags(procfs.read_proc_text(pid, "smaps"))
                 except (ProcessGone, AccessDenied, OSError):
                     entries = []
                 self._read_this_tick[pid] = entries
@@ -215,21 +214,9 @@ def _size(path: str) -> int:
         return 0
 
 
-def _all_vmflags(smaps: str) -> list[tuple[int, int, str]]:
-    """(start, end, VmFlags) of each smaps entry ("" for an entry without the line)."""
-    out: list[tuple[int, int, str]] = []
-    heads = list(_SMAPS_HEADER.finditer(smaps))
-    for i, m in enumerate(heads):
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(smaps)
-        at = smaps.find("VmFlags:", m.end(), end)
-        flags = smaps[at + len("VmFlags:"):smaps.find("\n", at)].strip() if at >= 0 else ""
-        out.append((int(m.group(1), 16), int(m.group(2), 16), flags))
-    return out
-
-
 def _vmflags_at(smaps: str, start: int) -> str:
     """The VmFlags of the smaps entry that contains ``start`` ("" when none does)."""
-    return next((flags for lo, hi, flags in _all_vmflags(smaps) if lo <= start < hi), "")
+    return next((flags for lo, hi, flags in parse_smaps_vmflags(smaps) if lo <= start < hi), "")
 
 
 def _has_map(prog: Any, name: bytes) -> bool:
