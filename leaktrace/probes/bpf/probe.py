@@ -106,8 +106,7 @@ class BpfProbe:
         self._counters: dict[str, int] = {**dict.fromkeys(COUNTERS, 0), "shm_unsized": 0}
         self.shm_sizer = ShmSizer()
         self._maps_refreshed: dict[int, float] = {}
-        self.attach_s: float | None = None  # = start_s (the hunt's record): from the compile's start to live
-        self.start_s: float | None = None
+        self.attach_s: float | None = None  # from the compile's start to live
         self.compile_s: float | None = None
         self._build = loader.ProgramBuild(self.defines)  # compiled in the background from prepare()
         self.error: str | None = None
@@ -128,7 +127,7 @@ class BpfProbe:
         self.kernel.attach(prog, loader.import_bcc().libbcc.lib, self._on_event, pidns_ino)
         for pid in ctx.targets.live():
             self._add_target(pid)
-        self.attach_s = self.start_s = time.monotonic() - self._build.started_at
+        self.attach_s = time.monotonic() - self._build.started_at
         self._missed_at_attach(ctx)
         where = f", pids of PID namespace {pidns_ino}" if pidns_ino else ""
         ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
