@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from leaktrace import procfs
@@ -66,10 +67,9 @@ class GdbProbe:
         self._taken: set[int] = set()
         self._pending_lock = threading.Lock()
         self._first_seen: dict[tuple[int, str], int] = {}
-        # (pid, site) -> [bytes first seen, bytes last seen, new highs since, the top_sites entry, highest]
-        self._sites: dict[tuple[int, int], list[Any]] = {}
+        self._sites: dict[tuple[int, int], SiteGrowth] = {}  # (pid, site) -> how its held bytes went
         self._sites_seen: list[dict[str, Any]] | None = None
-        self._growing: dict[int, list[Any]] = {}
+        self._growing: dict[int, SiteGrowth] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._runs: list[GdbRun] = []
@@ -99,8 +99,8 @@ class GdbProbe:
             figures = rollup.get(pid) or {}
             site = growing.get(pid)
             score = None
-            if site and site[2] >= SITE_TRIGGER_TICKS and site[1] - site[0] >= SITE_TRIGGER_BYTES:
-                score = (site[1] - site[0]) / SITE_TRIGGER_BYTES
+            if site and site.highs >= SITE_TRIGGER_TICKS and site.grown >= SITE_TRIGGER_BYTES:
+                score = site.grown / SITE_TRIGGER_BYTES
             for key, value, trigger in (("rss", figures.get("rss"), GROWTH_TRIGGER_BYTES),
                                         ("anon", figures.get("anon"), GROWTH_TRIGGER_BYTES),
                                         ("ledger", held.get(pid), LEDGER_TRIGGER_BYTES)):
@@ -112,26 +112,23 @@ class GdbProbe:
             if score is not None:
                 self._enqueue(pid, score)
 
-    def _follow_sites(self) -> dict[int, list[Any]]:
-        """Per process, its call site that grew most since first seen among those growing (``[first bytes, last
-        bytes, new highs, top_sites entry, highest]``; those with the trigger's count of new highs first), from
-        the bpf probe's latest figures."""
+    def _follow_sites(self) -> dict[int, SiteGrowth]:
+        """Per process, its call site that grew most since first seen among those growing (those with the
+        trigger's count of new highs first), from the bpf probe's latest figures."""
         entries = self.ctx.live.bpf.get("top_sites") or []
         if entries is self._sites_seen:
             return self._growing
         self._sites_seen = entries
-        growing: dict[int, list[Any]] = {}
+        growing: dict[int, SiteGrowth] = {}
         for e in entries:
             if e.get("kind") not in MAPPING_KINDS:
                 continue
-            f = self._sites.setdefault((e["pid"], e["site"]), [e["bytes"], e["bytes"], 0, e, e["bytes"]])
-            if e["bytes"] < f[0]:  # fell back: churn, not growth
-                f[0], f[2], f[4] = e["bytes"], 0, e["bytes"]
-            elif e["bytes"] > f[4]:
-                f[2], f[4] = f[2] + 1, e["bytes"]
-            f[1], f[3] = e["bytes"], e
+            f = self._sites.get((e["pid"], e["site"]))
+            if f is None:
+                f = self._sites[(e["pid"], e["site"])] = SiteGrowth(e["bytes"], e["bytes"], e["bytes"], 0, e)
+            f.see(e)
             best = growing.get(e["pid"])
-            if f[2] and (best is None or _rank(f) > _rank(best)):
+            if f.highs and (best is None or f.rank() > best.rank()):
                 growing[e["pid"]] = f
         self._growing = growing
         return growing
@@ -139,7 +136,7 @@ class GdbProbe:
     def growing_site(self, pid: int) -> dict[str, Any] | None:
         """The call site of ``pid`` that grows (a new high of its held bytes at 2 ticks or more), or None."""
         f = self._growing.get(pid)
-        return f[3] if f is not None and f[2] >= 2 else None
+        return f.entry if f is not None and f.highs >= 2 else None
 
     def _enqueue(self, pid: int, score: float) -> None:
         if pid == os.getpid():
@@ -224,9 +221,32 @@ class GdbProbe:
                 "python": sorted({r.python for r in runs if r.python}), "failures": self._failures}
 
 
-def _rank(f: list[Any]) -> tuple[bool, int]:
-    """Sites past the trigger's count of new highs first, then by growth."""
-    return f[2] >= SITE_TRIGGER_TICKS, f[1] - f[0]
+@dataclass
+class SiteGrowth:
+    """How one call site's held bytes went in the ledger's top sites: first and last seen, the highest, the
+    new highs since it last fell back, and its latest top_sites entry (stack, where to stop)."""
+
+    first: int
+    last: int
+    highest: int
+    highs: int
+    entry: dict[str, Any]
+
+    @property
+    def grown(self) -> int:
+        return self.last - self.first
+
+    def see(self, e: dict[str, Any]) -> None:
+        n = e["bytes"]
+        if n < self.first:  # fell back: churn, not growth
+            self.first, self.highs, self.highest = n, 0, n
+        elif n > self.highest:
+            self.highs, self.highest = self.highs + 1, n
+        self.last, self.entry = n, e
+
+    def rank(self) -> tuple[bool, int]:
+        """Sites past the trigger's count of new highs first, then by growth."""
+        return self.highs >= SITE_TRIGGER_TICKS, self.grown
 
 
 def libraries_at(pid: int, addresses: tuple[int, ...]) -> set[str]:
