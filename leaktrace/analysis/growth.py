@@ -20,7 +20,10 @@ below the leak rate, inconclusive otherwise ("hunt longer"), and states the proj
 third's rate falling on by the same ratio per third: a geometric series). **warm-up** when, not decelerating, the
 first third is at least ``WARMUP_FIRST_SHARE`` times steeper than the last: the warm-up is over and the
 rate is the mean of the last two thirds' slopes when they agree (within ``STEADY_AGREE``), else the last
-third's (a leak on top of a warm-up keeps its own rate). When the last two do not agree, the first third
+third's (a leak on top of a warm-up keeps its own rate); while the middle third still grows faster than
+the last, what is left of the warm-up still adds to both, and the rate is the one they converge to (c
+above, at least ``SUSTAINED_SHARE`` of the last third's): a malloc leak beside a churn whose heaps still
+fragment a little is rated at the leak's pace, not the two's. When the last two do not agree, the first third
 must also be ``WARMUP_FIRST_SHARE`` times steeper than the middle one: a warm-up is over in the first third
 or settling through the second, while a rate drifting by about as much between each pair of thirds
 (8.7, 7.2, 5.3 MB/min: a leak that follows traffic) has no warm-up to cut, and its last third alone would
@@ -95,7 +98,7 @@ class Shape:
     t_split: float  # start of the second third (a warm-up's rate is taken from here)
     plateau: float | None = None  # decelerating: the level the growth converges to (units), projected
     sustained_per_s: float = 0.0  # the rate the thirds converge to (see the module docstring)
-    rate_per_s: float = 0.0  # warm-up: the rate after it (the last two thirds' mean slope, or the last's)
+    rate_per_s: float = 0.0  # warm-up: the rate after it (see the module docstring)
     work_per_s: tuple[float, float, float] | None = None  # load-following: the work done per second, by third
 
     @property
@@ -152,8 +155,11 @@ def growth_shape(t: np.ndarray, y: np.ndarray, mean_thirds: bool = False) -> Sha
         return Shape("decelerating", thirds, edges[1], float(y[-1] + left), sustained)
     agree = abs(s2 - s3) <= STEADY_AGREE * max(abs(s2), abs(s3), 0.1 * s1)
     if s1 >= WARMUP_FIRST_SHARE * max(s3, 0.0) and (agree or s1 >= WARMUP_FIRST_SHARE * s2):
+        after = (s2 + s3) / 2 if agree else s3
+        if 0 < s3 < s2:  # still settling: the mean of the two, even the last alone, carries its tail
+            after = min(after, max(sustained, SUSTAINED_SHARE * s3))
         return Shape("warm-up", thirds, edges[1] if agree else edges[2], sustained_per_s=sustained,
-                     rate_per_s=(s2 + s3) / 2 if agree else s3)
+                     rate_per_s=after)
     return Shape("steady", thirds, edges[1], sustained_per_s=sustained)
 
 
