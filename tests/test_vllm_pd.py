@@ -22,7 +22,7 @@ from vllm_fixtures import RealPair, vintage_pd
 
 from leaktrace.session import SessionReader
 
-real_pd = vllm_fixtures.real_pd  # the session's one real pair (a fixture)
+real_pd = vllm_fixtures.real_pd  # the module's one real pair (a fixture)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -74,7 +74,9 @@ class RealPair:
         self.load.url = self.pair.proxy.url
 
 
-@pytest.fixture(scope="session")
+# Module scope: the pair and its load stop with the module that uses them, not at the end of the run (the
+# modules after it would run beside a vLLM pair serving on the same two cores).
+@pytest.fixture(scope="module")
 def real_pd() -> Iterator[RealPair]:
     why = vintage_pd.available()
     if why:
