@@ -186,7 +186,11 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
         if prepare is not None:
             prepare(ctx)
     took: dict[str, float] = {}
-    for p in probes:
+    # Those compiling in the background start last: their compile runs beside the others' starts (gdb's
+    # symbol reads, /proc walks) instead of ahead of them. Ticks and stops keep the build order.
+    order = [p for p in probes if getattr(p, "prepare", None) is None] + \
+            [p for p in probes if getattr(p, "prepare", None) is not None]
+    for p in order:
         t0 = time.monotonic()
         try:
             p.start(ctx)
@@ -200,6 +204,7 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
         finally:
             # a probe that prepared in the background says what its whole start took (``start_s``)
             took[p.name] = round(getattr(p, "start_s", None) or time.monotonic() - t0, 3)
+    started.sort(key=probes.index)
     for p in probes:
         if p not in started and hasattr(p, "cancel"):
             p.cancel()  # prepared but never started (a required probe failed first): its work undone
