@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import run_cli
 
 from leaktrace.analysis.growth import rate
@@ -139,3 +140,21 @@ def test_host_loss_no_process_holds_is_a_culprit(spawn, tmp_path):
     assert "/dev/shm" in c["remedy"] and "pin_memory" in c["remedy"]
     procs = {p["pid"]: p for p in rep["processes"]}
     assert abs(procs[target.pid]["rss_mb_per_min"]) < 1.0  # the hunted target stayed flat
+
+
+def test_a_few_mb_lost_in_a_short_hunt_is_no_host_culprit():
+    """A flat target hunted 15 s on an idle VM saw MemAvailable + AnonPages fall 19 MB/min steadily with no
+    meminfo figure moving (5 MB in all): no culprit. The same window losing 600 MB/min is one."""
+    from leaktrace.analysis.host import HOST_MIN_LOSS_MB, HostMemory, host_candidate
+
+    t = np.arange(0, 15.5, 1.0)
+    noise = np.random.default_rng(7).normal(0, 0.05 * MB, len(t))
+    for mb_per_min, culprit in ((19.0, False), (600.0, True)):
+        lost = rate(t, mb_per_min * MB / 60 * t + noise)
+        h = HostMemory(loss=lost, unheld=lost, hunted_mb_per_min=0.0, hunted_anon_mb_per_min=0.0,
+                       meminfo_mb_per_min={"anon_pages": 0.0})
+        assert h.unattributed_mb_per_min > 10, h.unattributed_mb_per_min  # above the rate threshold either way
+        c = host_candidate(h)
+        assert (c is not None) == culprit, (mb_per_min, lost.mb_per_min * 15 / 60, HOST_MIN_LOSS_MB)
+        if culprit:
+            assert (c.pid, c.kind) == (0, "other") and c.mb_per_min == pytest.approx(mb_per_min, rel=0.05)

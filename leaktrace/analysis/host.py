@@ -29,6 +29,10 @@ from leaktrace.session import TableSource
 
 # A host loss counts from this rate (MB/min): the host's figures are noisier than one process's.
 HOST_MB_PER_MIN = 10.0
+# ... and from this much lost over the window (MB): a few MB a quarter of a minute come and go on an idle VM with
+# no meminfo figure moving (a balloon driver, reclaimable caches resized), 19-37 MB/min over a 15 s hunt of a
+# flat target; a driver's pinned-buffer leak loses hundreds of MB a minute.
+HOST_MIN_LOSS_MB = 64.0
 # A meminfo figure growing by this share of the unattributed loss says what holds it.
 OTHERS_SHARE = 0.5
 # meminfo figures stated in the evidence: (column, what it is).
@@ -130,10 +134,12 @@ def host_block(h: HostMemory | None) -> dict[str, Any]:
 
 def is_unexplained_loss(h: HostMemory, th: dict[str, float] = THRESHOLDS) -> bool:
     """The host loses memory steadily that neither the hunted processes nor other processes' anonymous
-    memory explain, above HOST_MB_PER_MIN with its uncertainty."""
+    memory explain, above HOST_MB_PER_MIN with its uncertainty and HOST_MIN_LOSS_MB in all."""
     r = h.unheld
     lower = r.lower_mb_per_min - h.explained_mb_per_min if np.isfinite(r.lower_per_s) else None
+    lost_mb = h.unattributed_mb_per_min * r.span_s / 60.0
     return (h.unattributed_mb_per_min >= HOST_MB_PER_MIN and clears(lower, HOST_MB_PER_MIN)
+            and lost_mb >= HOST_MIN_LOSS_MB
             and r.confidence >= th["min_confidence"] and r.span_s >= th["min_span_s"] and not r.step
             and r.stop is None)
 
@@ -193,5 +199,5 @@ def add_host_culprit(findings: Any, h: HostMemory | None, reader: TableSource, v
     findings.candidates.append(c)
     findings.culprits.append(explain(c, load_rules(), reader))
     told = (f"the host loses {c.mb_per_min:.2f} MB/min of memory that no process holds (≥ {HOST_MB_PER_MIN} "
-            "MB/min steadily, clearing its noise)")
+            f"MB/min steadily, clearing its noise, ≥ {HOST_MIN_LOSS_MB:.0f} MB in all)")
     return "leak", f"{why}; {told}" if verdict == "leak" else told
