@@ -57,6 +57,7 @@ __all__ = [
     "read_self_status",
     "read_smaps",
     "read_smaps_rollup",
+    "read_statm",
     "read_mapped_bytes",
     "read_stat",
     "read_status",
@@ -129,16 +130,24 @@ def read_smaps_rollup(pid: int) -> dict[str, int]:
     return parse_smaps_rollup(text)
 
 
-def read_mapped_bytes(pid: int) -> int:
-    """The process's mapped address space in bytes (/proc/PID/statm's first field: the kernel keeps the count,
-    so the read costs the same for 10 or 10,000 mappings, unlike maps or smaps)."""
+def read_statm(pid: int) -> tuple[int, int, int]:
+    """(mapped, resident, shared) bytes of /proc/PID/statm: counters the kernel keeps, so the read neither walks
+    the mappings nor takes the address space's lock (smaps_rollup does both: seconds on a loaded node whose
+    target maps and unmaps all the time)."""
     text = read_proc_text(pid, "statm")
     if not text.strip():
         raise ProcessGone(pid, "statm")
     try:
-        return int(text.split()[0]) * PAGE_SIZE
-    except (ValueError, IndexError) as e:
+        size, resident, shared = (int(v) * PAGE_SIZE for v in text.split()[:3])
+    except ValueError as e:
         raise ParseError(f"/proc/{pid}/statm: {text[:80]!r}") from e
+    return size, resident, shared
+
+
+def read_mapped_bytes(pid: int) -> int:
+    """The process's mapped address space in bytes (statm's first field: the read costs the same for 10 or
+    10,000 mappings, unlike maps or smaps)."""
+    return read_statm(pid)[0]
 
 
 def read_status(pid: int) -> dict[str, str]:
