@@ -41,6 +41,15 @@ def test_full_smaps_skipped_where_nothing_moved(spawn, leaker_bin, tmp_path) -> 
     grown = ev[(ev["pid"] == grower.pid) & ev["event"].isin(["grown", "born"])]
     assert len(grown) >= 3, ev[ev["pid"] == grower.pid][["t", "event", "size"]]
     assert not (ev["pid"] == idle.pid).any(), ev[ev["pid"] == idle.pid]
+    # rollups: the idle process's statm did not move, its figures reused (re-read every ROLLUP_MAX_SKIPS
+    # ticks); the grower's moved every tick, read every tick
+    from leaktrace.probes.watcher import ROLLUP_MAX_SKIPS
+
+    ro = rdr.table("rollup")
+    ticks = ro.groupby("pid")["t"].nunique()
+    assert summary["rollups_skipped"] >= ticks[idle.pid] - 2 - ticks[idle.pid] // ROLLUP_MAX_SKIPS, summary
+    grower_rss = ro[ro["pid"] == grower.pid]["rss"]
+    assert grower_rss.nunique() >= len(grower_rss) - 2, list(grower_rss)
     attach = rdr.meta["probe_attach_s"]
     assert set(attach) == set(rdr.meta["probes"]) and all(v >= 0 for v in attach.values()), attach
 

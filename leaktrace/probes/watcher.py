@@ -35,6 +35,10 @@ from leaktrace.procfs.exits import zombie_exit_code
 # for 2,000 mappings, 8 such processes on a vLLM node), statm costs the same for any size. Still read at
 # least every FULL_SMAPS_MAX_SKIPS-th due time (a region moved without changing any total).
 FULL_SMAPS_MAX_SKIPS = 6
+# A tick's smaps_rollup of a process whose statm counters (mapped, resident, shared: no walk, no lock) have not
+# moved since its last rollup reuses that rollup's figures, up to this many ticks: PSS still moves when other
+# processes map or unmap the pages it shares.
+ROLLUP_MAX_SKIPS = 10
 
 
 def _alive(pid: int) -> bool:
@@ -72,6 +76,9 @@ class WatcherProbe:
         self.rollups = 0
         self.smaps_reads = 0
         self.smaps_skipped = 0  # due full reads skipped: nothing moved (FULL_SMAPS_MAX_SKIPS)
+        self.rollups_skipped = 0  # rollup reads skipped: statm's counters had not moved (ROLLUP_MAX_SKIPS)
+        # pid -> (tick, statm's (mapped, resident, shared), rollup figures) at its last rollup read
+        self._rollup_at: dict[int, tuple[int, tuple[int, int, int], dict[str, int]]] = {}
         # pid -> (tick, (mapped, rss, anon, swap)) at its last full read
         self._at_full: dict[int, tuple[int, tuple[int, ...]]] = {}
         self._slots: dict[int, int] = {}  # pid -> its full reads' phase among the ticks
@@ -161,6 +168,7 @@ class WatcherProbe:
         self.ctx.log(f"pid {pid} exited at t={now:.1f}s")
         self._last_regions.pop(pid, None)
         self._at_full.pop(pid, None)
+        self._rollup_at.pop(pid, None)
         self._slots.pop(pid, None)
         self._starttime.pop(pid, None)
         self._exe.pop(pid, None)
@@ -191,7 +199,7 @@ class WatcherProbe:
         rows = []
         for pid in self.ctx.targets.live():
             try:
-                r = procfs.read_smaps_rollup(pid)
+                r = self._rollup(pid)
             except ProcessGone:
                 continue  # picked up as exited at the next tree refresh
             except AccessDenied as e:
@@ -213,6 +221,19 @@ class WatcherProbe:
                     self._at_full[pid] = (self._ticks, figures)
         self.ctx.session.append("rollup", rows)
         self.ctx.live.rollup = {r["pid"]: r for r in rows}
+
+    def _rollup(self, pid: int) -> dict[str, int]:
+        """``pid``'s smaps_rollup figures: read again only when statm's counters moved since the last read, or
+        ROLLUP_MAX_SKIPS ticks after it. The rollup walks every mapping under the address space's lock: on a
+        loaded P/D node, reads of 8 vLLM processes a tick waited seconds behind their own mmap/munmap."""
+        counters = procfs.read_statm(pid)
+        held = self._rollup_at.get(pid)
+        if held is not None and held[1] == counters and self._ticks - held[0] < ROLLUP_MAX_SKIPS:
+            self.rollups_skipped += 1
+            return held[2]
+        r = procfs.read_smaps_rollup(pid)
+        self._rollup_at[pid] = (self._ticks, counters, r)
+        return r
 
     def _figures(self, pid: int, r: dict[str, int]) -> tuple[int, ...] | None:
         try:
@@ -274,8 +295,8 @@ class WatcherProbe:
             self._write_last(pid, now)
 
     def summary(self) -> dict[str, Any]:
-        return {"ticks": self._ticks, "rollups": self.rollups, "smaps_reads": self.smaps_reads,
-                "smaps_skipped": self.smaps_skipped}
+        return {"ticks": self._ticks, "rollups": self.rollups, "rollups_skipped": self.rollups_skipped,
+                "smaps_reads": self.smaps_reads, "smaps_skipped": self.smaps_skipped}
 
 
 def _exe_of(pid: int) -> str:
