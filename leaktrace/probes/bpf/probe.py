@@ -176,6 +176,14 @@ class BpfProbe:
         if pid in self._known:
             return
         self._known.add(pid)
+        # libc's code range goes to the kernel before the process is traced: a mapping call made from libc
+        # (glibc's variadic mremap, malloc's mmap) in the moment between tracing and the seed's maps read
+        # would otherwise go without its stack window, blamed on libc, and a region it moves keeps that name.
+        # The seed reads the maps again once traced, so that nothing mapped in between is missed.
+        early = _read_maps(pid)
+        libc = libc_code(early) if early is not None else None
+        if libc is not None:
+            self.kernel.set_runtime(pid, libc)
         self.kernel.add_target(pid)
         self._seed(pid)
 
