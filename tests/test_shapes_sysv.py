@@ -162,7 +162,8 @@ def test_sysv_churn_is_no_shm_culprit(tmp_path, client):
     ev = reader.table("bpf_events")
     sized = ev[(ev["type"] == "shmat") & (ev["len"] == 256 * 1024)]
     assert len(sized) > 500  # it churned, and the probe sized what it attached
-    assert (ev["type"] == "shmdt").sum() >= len(sized)
+    # every detach seen, but those of the one churn batch (20 segments) in flight when the hunt stopped tracing
+    assert (ev["type"] == "shmdt").sum() >= len(sized) - 20
     # No tick of the ledger holds more shm than one round attaches (the table has no row at a tick that
     # held nothing): every detach was applied.
     snaps = reader.table("ledger_snapshots")
