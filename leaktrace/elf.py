@@ -16,14 +16,11 @@ Three views of a file:
 from __future__ import annotations
 
 import bisect
-import mmap
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-
-import numpy as np
 
 # ----------------------------------------------------------------------------- the parser core
 
@@ -78,11 +75,8 @@ def _symbols(data: bytes, sections: list[Section], types: tuple[int, ...],
             yield str_off + st_name, st_info, st_shndx, st_value, st_size
 
 
-def _name(data: bytes | mmap.mmap, at: int, encoding: str) -> str:
-    end = data.find(b"\0", at)
-    if end < 0:
-        raise ValueError("symbol name without its terminating NUL")
-    return data[at:end].decode(encoding, "replace")
+def _name(data: bytes, at: int, encoding: str) -> str:
+    return data[at:data.index(b"\0", at)].decode(encoding, "replace")
 
 
 def _offset_to_vaddr(loads: list[tuple[int, int, int]], off: int) -> int:
@@ -159,48 +153,33 @@ class ElfSymbols:
         return name, vaddr - value
 
 
-# An ELF64 symbol table entry, for reading a whole table at once (libtorch_cpu.so holds 342k of them).
-_ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"),
-                       ("size", "<u8")])
-
-
 def read_elf_symbols(path: str) -> ElfSymbols:
-    """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF. The file is
-    mapped, not read: only its headers, symbol tables and the names kept are touched (a stack through a
-    434 MB libtorch_cpu.so costs no 434 MB copy in the hunt)."""
+    """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF."""
     out = ElfSymbols()
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-                return out
-            _read_func_symbols(data, out)
-    except (OSError, ValueError):  # unreadable, or empty (mmap refuses a 0-byte file)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
         return out
-    return out
-
-
-def _read_func_symbols(data: mmap.mmap, out: ElfSymbols) -> None:
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return out
     try:
         h = _header(data)
         for load in _loads(data, h):
             out.loads.append(load)
         syms: dict[int, tuple[int, int, str]] = {}
-        sections = _sections(data, h)
-        for sh_type, off, size, link, entsize in sections:
-            if sh_type not in (SHT_SYMTAB, SHT_DYNSYM) or entsize != _ELF64_SYM.itemsize:
+        for name_at, st_info, st_shndx, st_value, st_size in _symbols(data, _sections(data, h),
+                                                                      (SHT_SYMTAB, SHT_DYNSYM)):
+            if (st_info & 0xF) != STT_FUNC or st_shndx == 0 or st_value == 0:  # FUNC, defined
                 continue
-            # a copy of the table alone: an array over the mapping itself would keep it from closing
-            table = np.frombuffer(data[off:off + size // entsize * entsize], dtype=_ELF64_SYM)
-            keep = table[((table["info"] & 0xF) == STT_FUNC) & (table["shndx"] != 0) & (table["value"] != 0)]
-            str_off = sections[link][1]
-            for name_at, st_value, st_size in zip(keep["name"].tolist(), keep["value"].tolist(),
-                                                  keep["size"].tolist(), strict=True):
-                if st_value not in syms or (syms[st_value][1] == 0 and st_size):
-                    syms[st_value] = (st_value, st_size, _name(data, str_off + name_at, "utf-8"))
+            name = _name(data, name_at, "utf-8")
+            if st_value not in syms or (syms[st_value][1] == 0 and st_size):
+                syms[st_value] = (st_value, st_size, name)
         out.syms = sorted(syms.values())
         out.addrs = [s[0] for s in out.syms]
     except (struct.error, IndexError, ValueError):
-        return  # a malformed file: its segments as far as read, no symbols
+        return out
+    return out
 
 
 # ----------------------------------------------------------------------------- unwind rules (.eh_frame)
