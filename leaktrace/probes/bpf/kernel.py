@@ -105,10 +105,10 @@ class KernelSide:
         time.sleep(0.02)  # calls that passed their entry before the clear finish (their exit records them)
         self.prog[b"targets"].clear()
 
-    def set_runtime(self, pid: int, code: tuple[int, int]) -> None:
+    def set_runtime(self, pid: int, code: tuple[int, int] | None) -> None:
         """libc's code in ``pid``: anonymous mmaps called from there take the slow path with a stack window
-        (bpf/leaktrace.bpf.c). Nothing without a loaded program."""
-        if self.prog is not None:
+        (bpf/leaktrace.bpf.c). Nothing without a loaded program, or without libc (None)."""
+        if self.prog is not None and code is not None:
             self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*code)
 
     def forget_runtime(self, pid: int) -> None:

@@ -58,7 +58,7 @@ from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer,
 from leaktrace.probes.bpf.origins import GrowthOrigins, origin_of
 from leaktrace.probes.bpf.procread import _is_process, _read_maps, _start_brk
 from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
-from leaktrace.probes.bpf.stackscan import StackScanner, libc_code
+from leaktrace.probes.bpf.stackscan import StackScanner, libc_code, libc_code_of
 from leaktrace.probes.bpf.sysvshm import ShmSizer
 
 # Events applied per drain: ~20 ms of Python work at the rates bench_bpf measures, so the lock (and the
@@ -176,14 +176,7 @@ class BpfProbe:
         if pid in self._known:
             return
         self._known.add(pid)
-        # libc's code range goes to the kernel before the process is traced: a mapping call made from libc
-        # (glibc's variadic mremap, malloc's mmap) in the moment between tracing and the seed's maps read
-        # would otherwise go without its stack window, blamed on libc, and a region it moves keeps that name.
-        # The seed reads the maps again once traced, so that nothing mapped in between is missed.
-        early = _read_maps(pid)
-        libc = libc_code(early) if early is not None else None
-        if libc is not None:
-            self.kernel.set_runtime(pid, libc)
+        self.kernel.set_runtime(pid, libc_code_of(pid))  # before tracing: see libc_code_of
         self.kernel.add_target(pid)
         self._seed(pid)
 

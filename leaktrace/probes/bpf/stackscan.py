@@ -29,6 +29,7 @@ import numpy as np
 
 from leaktrace.memclass import LIBC_LIBRARY, MEMORY_HOOK_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
+from leaktrace.probes.bpf.procread import _read_maps
 
 # libc entry points that allocate from malloc's heaps: a growth whose libc frames pass through one is malloc's
 MALLOC_FUNCTIONS = frozenset({"malloc", "calloc", "realloc", "reallocarray", "memalign", "posix_memalign",
@@ -376,6 +377,14 @@ def _jump_target(addr: int, code: bytes, read_word) -> int | None:
         word = read_word(addr + i + 6 + int.from_bytes(code[i + 2:i + 6], "little", signed=True))
         return int.from_bytes(word, "little") if len(word) == 8 else None
     return None
+
+
+def libc_code_of(pid: int) -> tuple[int, int] | None:
+    """libc's executable mapping in ``pid``, read for the kernel before the process is traced: a mapping call
+    made from libc (glibc's variadic mremap, malloc's mmap) between tracing and the seed's own maps read would
+    otherwise go without its stack window, be blamed on libc, and a region it moves would keep that name."""
+    maps = _read_maps(pid)
+    return libc_code(maps) if maps is not None else None
 
 
 def libc_code(maps: list[MapEntry]) -> tuple[int, int] | None:
