@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Iterator
 
@@ -59,8 +60,11 @@ def _symbols(data: bytes, sections: list[Section], types: tuple[int, ...],
             yield str_off + st_name, st_info, st_shndx, st_value, st_size
 
 
-def _name(data: bytes, at: int, encoding: str) -> str:
-    return data[at:data.index(b"\0", at)].decode(encoding, "replace")
+def _name(data: bytes | mmap.mmap, at: int, encoding: str) -> str:
+    end = data.find(b"\0", at)
+    if end < 0:
+        raise ValueError("symbol name without its terminating NUL")
+    return data[at:end].decode(encoding, "replace")
 
 
 def _offset_to_vaddr(loads: list[tuple[int, int, int]], off: int) -> int:

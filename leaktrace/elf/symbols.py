@@ -4,10 +4,13 @@ functions by address (a file offset as ``symbol+0xoff``)."""
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+import numpy as np
 
 from leaktrace.elf.core import (
     SHT_DYNSYM,
@@ -86,30 +89,45 @@ class ElfSymbols:
         return name, vaddr - value
 
 
+# An ELF64 symbol table entry, for reading a whole table at once (libtorch_cpu.so holds 342k of them).
+_ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"),
+                       ("size", "<u8")])
+
+
 def read_elf_symbols(path: str) -> ElfSymbols:
-    """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF."""
+    """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF. The file is
+    mapped, not read: only its headers, symbol tables and the names kept are touched (a stack through a
+    434 MB libtorch_cpu.so costs no 434 MB copy in the hunt)."""
     out = ElfSymbols()
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+                return out
+            _read_func_symbols(data, out)
+    except (OSError, ValueError):  # unreadable, or empty (mmap refuses a 0-byte file)
         return out
-    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return out
+    return out
+
+
+def _read_func_symbols(data: mmap.mmap, out: ElfSymbols) -> None:
     try:
         h = _header(data)
         for load in _loads(data, h):
             out.loads.append(load)
         syms: dict[int, tuple[int, int, str]] = {}
-        for name_at, st_info, st_shndx, st_value, st_size in _symbols(data, _sections(data, h),
-                                                                      (SHT_SYMTAB, SHT_DYNSYM)):
-            if (st_info & 0xF) != STT_FUNC or st_shndx == 0 or st_value == 0:  # FUNC, defined
+        sections = _sections(data, h)
+        for sh_type, off, size, link, entsize in sections:
+            if sh_type not in (SHT_SYMTAB, SHT_DYNSYM) or entsize != _ELF64_SYM.itemsize:
                 continue
-            name = _name(data, name_at, "utf-8")
-            if st_value not in syms or (syms[st_value][1] == 0 and st_size):
-                syms[st_value] = (st_value, st_size, name)
+            # a copy of the table alone: an array over the mapping itself would keep it from closing
+            table = np.frombuffer(data[off:off + size // entsize * entsize], dtype=_ELF64_SYM)
+            keep = table[((table["info"] & 0xF) == STT_FUNC) & (table["shndx"] != 0) & (table["value"] != 0)]
+            str_off = sections[link][1]
+            for name_at, st_value, st_size in zip(keep["name"].tolist(), keep["value"].tolist(),
+                                                  keep["size"].tolist(), strict=True):
+                if st_value not in syms or (syms[st_value][1] == 0 and st_size):
+                    syms[st_value] = (st_value, st_size, _name(data, str_off + name_at, "utf-8"))
         out.syms = sorted(syms.values())
         out.addrs = [s[0] for s in out.syms]
     except (struct.error, IndexError, ValueError):
-        return out
-    return out
+        return  # a malformed file: its segments as far as read, no symbols
