@@ -199,7 +199,7 @@ class WatcherProbe:
         rows = []
         for pid in self.ctx.targets.live():
             try:
-                r = self._rollup(pid)
+                mapped, r = self._rollup(pid)
             except ProcessGone:
                 continue  # picked up as exited at the next tree refresh
             except AccessDenied as e:
@@ -214,38 +214,32 @@ class WatcherProbe:
             first = pid not in self._slots
             slot = self._slots.setdefault(pid, len(self._slots) % self.smaps_every)
             if first or (k + slot) % self.smaps_every == 0:
-                figures = self._figures(pid, r)
+                figures = (mapped, r.get("Rss", 0), r.get("Anonymous", 0), r.get("Swap", 0))
                 if not self._full_needed(pid, figures):
                     self.smaps_skipped += 1
-                elif self._full_smaps(pid) is not None and figures is not None:
+                elif self._full_smaps(pid) is not None:
                     self._at_full[pid] = (self._ticks, figures)
         self.ctx.session.append("rollup", rows)
         self.ctx.live.rollup = {r["pid"]: r for r in rows}
 
-    def _rollup(self, pid: int) -> dict[str, int]:
-        """``pid``'s smaps_rollup figures: read again only when statm's counters moved since the last read, or
-        ROLLUP_MAX_SKIPS ticks after it. The rollup walks every mapping under the address space's lock: on a
-        loaded P/D node, reads of 8 vLLM processes a tick waited seconds behind their own mmap/munmap."""
+    def _rollup(self, pid: int) -> tuple[int, dict[str, int]]:
+        """``pid``'s mapped bytes (statm) and smaps_rollup figures; the rollup is read again only when statm's
+        counters moved since the last read, or ROLLUP_MAX_SKIPS ticks after it. The rollup walks every mapping
+        under the address space's lock: on a loaded P/D node, reads of 8 vLLM processes a tick waited seconds
+        behind their own mmap/munmap."""
         counters = procfs.read_statm(pid)
         held = self._rollup_at.get(pid)
         if held is not None and held[1] == counters and self._ticks - held[0] < ROLLUP_MAX_SKIPS:
             self.rollups_skipped += 1
-            return held[2]
+            return counters[0], held[2]
         r = procfs.read_smaps_rollup(pid)
         self._rollup_at[pid] = (self._ticks, counters, r)
-        return r
+        return counters[0], r
 
-    def _figures(self, pid: int, r: dict[str, int]) -> tuple[int, ...] | None:
-        try:
-            mapped = procfs.read_mapped_bytes(pid)
-        except (ProcessGone, AccessDenied, procfs.ParseError):
-            return None
-        return (mapped, r.get("Rss", 0), r.get("Anonymous", 0), r.get("Swap", 0))
-
-    def _full_needed(self, pid: int, figures: tuple[int, ...] | None) -> bool:
+    def _full_needed(self, pid: int, figures: tuple[int, ...]) -> bool:
         """A due full read of ``pid`` is needed (see FULL_SMAPS_MAX_SKIPS)."""
         last = self._at_full.get(pid)
-        if figures is None or last is None or pid not in self._last_regions:
+        if last is None or pid not in self._last_regions:
             return True
         tick, before = last
         if self._ticks - tick >= self.smaps_every * FULL_SMAPS_MAX_SKIPS:

@@ -58,7 +58,6 @@ __all__ = [
     "read_smaps",
     "read_smaps_rollup",
     "read_statm",
-    "read_mapped_bytes",
     "read_stat",
     "read_status",
     "read_task_states",
@@ -142,12 +141,6 @@ def read_statm(pid: int) -> tuple[int, int, int]:
     except ValueError as e:
         raise ParseError(f"/proc/{pid}/statm: {text[:80]!r}") from e
     return size, resident, shared
-
-
-def read_mapped_bytes(pid: int) -> int:
-    """The process's mapped address space in bytes (statm's first field: the read costs the same for 10 or
-    10,000 mappings, unlike maps or smaps)."""
-    return read_statm(pid)[0]
 
 
 def read_status(pid: int) -> dict[str, str]:
