@@ -166,6 +166,8 @@ def test_node_without_vllm_is_reported_without_targets(ray_cluster, tmp_path: Pa
 
 
 def test_ctrl_c_of_driver_stops_every_node_and_keeps_their_sessions(ray_cluster, tmp_path: Path) -> None:
+    """Ctrl-C of the driver, started with SIGINT ignored as a background job of a script is: the driver still
+    stops every node's hunt and writes the merged report."""
     from conftest import wait_for
 
     out = tmp_path / "hunt"
@@ -174,7 +176,8 @@ def test_ctrl_c_of_driver_stops_every_node_and_keeps_their_sessions(ray_cluster,
     driver = subprocess.Popen([*ray_cluster.netns.enter(), sys.executable, "-m", "leaktrace", "cluster", "hunt",
                                "--address", ray_cluster.address, "--match", r"leaker --", "--nodes", "lt-b,lt-c",
                                "--duration", "600", "--no-gdb", "--out", str(out)],
-                              cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         # Handshake: both node hunts run and have flushed watcher rows (not a sleep).
         def both_recording() -> bool:

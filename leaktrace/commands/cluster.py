@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from leaktrace.commands import format_option
@@ -86,6 +88,10 @@ def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], nod
         shared_dir=shared_dir, node_timeout=node_timeout, node_ip_address=node_ip_address)
     request.validate()
     import_ray()  # before anything else happens: without Ray, one line saying how to get it
+    # Ctrl-C stops the node hunts and still writes the report, as for `hunt`, also when SIGINT came ignored
+    # (a background job of a non-interactive shell inherits SIG_IGN, and Python then raises no
+    # KeyboardInterrupt: the driver would wait out the whole hunt).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with output_dir(out, prefix="leaktrace-cluster") as out_dir:
         report = cluster_hunt(request, out_dir, log=make_logger(quiet))
     _print_summary(report, str(out_dir))
