@@ -128,9 +128,9 @@ BPF_HASH(targets, u32, u32, 65536);
 BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for */
 #endif
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
-/* The arguments of a syscall between its entry and its exit, per thread: task-local storage, not a hash keyed
- * by tid (no element allocated and freed per call; freed with the task). live == 0: nothing pending. */
-BPF_TASK_STORAGE(pending, struct lt_pending);
+/* The traced call an exit program is handling, per CPU: the program runs to its end on one CPU, and the record
+ * does not fit the BPF stack beside the event built from it. */
+BPF_PERCPU_ARRAY(calls, struct lt_pending, 1);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
 BPF_HASH(hooks, u32, struct lt_hook, 65536);      /* tgid (user-space numbering) -> its memory hook, once mapped */
@@ -386,60 +386,56 @@ static __always_inline int current_ids(struct lt_ids *ids)
 #endif
 }
 
-/* Entry of mmap/mremap/brk: keep the arguments and the call site for the exit. */
-static __always_inline void remember(void *ctx, struct lt_ids *ids, u64 addr, u64 len, u64 new_len,
-                                     u64 new_addr, u64 flags, u64 prot, u64 fd)
-{
-    struct lt_pending *p = pending.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (!p) {
-        count(LT_CNT_MAP_FULL);
-        return;
-    }
-    p->tgid = ids->tgid;
-    p->tid = ids->tid;
-    p->addr = addr;
-    p->len = len;
-    p->new_len = new_len;
-    p->new_addr = new_addr;
-    p->flags = flags;
-    p->prot = prot;
-    p->fd = fd;
-    read_site(&p->site, &p->ip);
-    p->stack_id = site_stack(ctx, ids->tgid, p->site);
-    p->live = 1;
-}
+/* A syscall's arguments (x86_64: di, si, dx, r10, r8, r9), ip and stack pointer: the user registers the kernel
+ * saved at its entry (struct pt_regs, r10 through sp), which it leaves as they were until the call returns. So
+ * mmap, mremap, brk, mprotect and shmat are handled at their exit alone: no program at their entry, no record kept
+ * per thread between the two. */
+struct lt_uregs {
+    u64 r10, r9, r8, ax, cx, dx, si, di, orig_ax, ip, cs, flags, sp;
+};
+#define LT_REGS_R10_OFF 56
+_Static_assert(LT_REGS_R10_OFF + 9 * 8 == LT_REGS_IP_OFF && LT_REGS_R10_OFF + 12 * 8 == LT_REGS_SP_OFF,
+               "struct lt_uregs follows struct pt_regs from r10 to sp");
 
-/* The current thread's pending syscall, if its entry was traced. */
-static __always_inline struct lt_pending *pending_of_current(void)
-{
-    struct lt_pending *p = pending.task_storage_get(bpf_get_current_task_btf(), 0, 0);
-    return p && p->live ? p : 0;
-}
-
-static __always_inline void pending_done(struct lt_pending *p)
-{
-    p->live = 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+/* The call at its exit, when the calling process is traced: who made it, its call site and stack, and its
+ * registers in `u` (each handler takes its arguments from them). */
+static __always_inline struct lt_pending *call_at_exit(void *ctx, struct lt_uregs *u)
 {
     struct lt_ids ids;
     if (!current_ids(&ids))
         return 0;
     count(LT_CNT_SYSCALLS);
-    remember(args, &ids, args->addr, args->len, 0, 0, args->flags, args->prot, args->fd);
-    return 0;
+    u32 zero = 0;
+    struct lt_pending *p = calls.lookup(&zero);
+    if (!p)
+        return 0;
+    struct task_struct *task = bpf_get_current_task_btf();
+    if (bpf_probe_read_kernel(u, sizeof(*u), (char *)bpf_task_pt_regs(task) + LT_REGS_R10_OFF) != 0)
+        __builtin_memset(u, 0, sizeof(*u));
+    __builtin_memset(p, 0, sizeof(*p));
+    p->tgid = ids.tgid;
+    p->tid = ids.tid;
+    p->ip = u->ip;
+    if (u->sp)
+        bpf_probe_read_user(&p->site, sizeof(p->site), (void *)u->sp);
+    p->stack_id = site_stack(ctx, ids.tgid, p->site);
+    return p;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-    struct lt_pending *p = pending_of_current();
+    struct lt_uregs u;
+    struct lt_pending *p = call_at_exit(args, &u);
     if (!p)
         return 0;
+    p->addr = u.di;
+    p->len = u.si;
+    p->prot = u.dx;
+    p->flags = u.r10;
+    p->fd = u.r8;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending_done(p);
         return 0;
     }
     u32 tgid = p->tgid, tid = p->tid;
@@ -495,7 +491,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
                 hint.len = len;
                 emit(&hint);
             }
-            pending_done(p);
             return 0;
         }
         count(LT_CNT_MAP_FULL);
@@ -515,7 +510,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
     ev.stack_id = stack_id;
     ev.aux_pid = hook_off;
     ev.result = ret;
-    pending_done(p);
     if (from_libc)
         emit_window(&ev);  /* malloc's own mmap: who called malloc is in the raw stack */
     else
@@ -554,25 +548,20 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
-{
-    struct lt_ids ids;
-    if (!current_ids(&ids))
-        return 0;
-    count(LT_CNT_SYSCALLS);
-    remember(args, &ids, args->addr, args->old_len, args->new_len, args->new_addr, args->flags, 0, 0);
-    return 0;
-}
-
 TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 {
-    struct lt_pending *p = pending_of_current();
+    struct lt_uregs u;
+    struct lt_pending *p = call_at_exit(args, &u);
     if (!p)
         return 0;
+    p->addr = u.di;
+    p->len = u.si;
+    p->new_len = u.dx;
+    p->flags = u.r10;
+    p->new_addr = u.r8;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending_done(p);
         return 0;
     }
     u32 tgid = p->tgid, tid = p->tid;
@@ -590,7 +579,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
         regions.delete(&key);
         if (regions.update(&nkey, &moved) == 0) {
             count(LT_CNT_SETTLED);
-            pending_done(p);
             return 0;
         }
         count(LT_CNT_MAP_FULL);
@@ -609,7 +597,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
         lost.ip = moved.ip;
         lost.stack_id = moved.stack_id;
         lost.result = ret;
-        pending_done(p);
         emit(&lost);
         return 0;
     }
@@ -627,7 +614,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending_done(p);
     /* glibc's mremap is variadic: its frame hides the return address from the site read at entry (and the
      * frame-pointer walk); who called it is found in the raw stack, as for malloc's growth. */
     if (called_from_libc(tgid, ev.ip))
@@ -637,23 +623,13 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_brk)
-{
-    struct lt_ids ids;
-    if (!current_ids(&ids))
-        return 0;
-    count(LT_CNT_SYSCALLS);
-    if (args->brk == 0)  /* a query: nothing moves */
-        return 0;
-    remember(args, &ids, args->brk, 0, 0, 0, 0, 0, 0);
-    return 0;
-}
-
 TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 {
-    struct lt_pending *p = pending_of_current();
-    if (!p)
+    struct lt_uregs u;
+    struct lt_pending *p = call_at_exit(args, &u);
+    if (!p || u.di == 0)  /* brk(0) is a query: nothing moves */
         return 0;
+    p->addr = u.di;
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
     ev.type = LT_EV_BRK;
@@ -665,7 +641,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = args->ret;
-    pending_done(p);
     emit_window(&ev);  /* the heap grew (or shrank): who called malloc is in the raw stack */
     return 0;
 }
@@ -673,25 +648,18 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 /* mprotect: how glibc grows an arena heap (a 64 MiB PROT_NONE reservation, made read/write piece by
  * piece; no mmap or brk after the first). Rare outside heaps (the loader's RELRO), so every successful
  * call is sent; those making memory accessible carry a stack window. */
-TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
-{
-    struct lt_ids ids;
-    if (!current_ids(&ids))
-        return 0;
-    count(LT_CNT_SYSCALLS);
-    remember(args, &ids, args->start, args->len, 0, 0, 0, args->prot, 0);
-    return 0;
-}
-
 TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 {
-    struct lt_pending *p = pending_of_current();
+    struct lt_uregs u;
+    struct lt_pending *p = call_at_exit(args, &u);
     if (!p)
         return 0;
+    p->addr = u.di;
+    p->len = u.si;
+    p->prot = u.dx;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending_done(p);
         return 0;
     }
     struct lt_event ev = {};
@@ -706,7 +674,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending_done(p);
     if (!(ev.prot & 3)) {  /* neither PROT_READ nor PROT_WRITE: nothing is committed */
         emit(&ev);
         return 0;
@@ -733,27 +700,20 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
  * segment (no helper reaches the new VMA or the segment from a tracepoint under BCC): the SHMAT event carries
  * the shmid and user space takes the size of the mapping at the returned address whose inode is that shmid
  * (/proc/PID/maps: exact, and checked against the id). The call site is captured as for mmap. */
-TRACEPOINT_PROBE(syscalls, sys_enter_shmat)
-{
-    struct lt_ids ids;
-    if (!current_ids(&ids))
-        return 0;
-    count(LT_CNT_SYSCALLS);
-    u64 flg = (u64)args->shmflg;
-    u64 prot = 1 | ((flg & LT_SHM_RDONLY) ? 0 : 2) | ((flg & LT_SHM_EXEC) ? LT_PROT_EXEC : 0);
-    remember(args, &ids, (u64)args->shmaddr, 0, 0, 0, flg, prot, (u64)(u32)args->shmid);
-    return 0;
-}
-
 TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
 {
-    struct lt_pending *p = pending_of_current();
+    struct lt_uregs u;
+    struct lt_pending *p = call_at_exit(args, &u);
     if (!p)
         return 0;
+    u64 flg = (u64)(s64)(int)u.dx;  /* shmat(int shmid, const void *shmaddr, int shmflg) */
+    p->addr = u.si;
+    p->flags = flg;
+    p->prot = 1 | ((flg & LT_SHM_RDONLY) ? 0 : 2) | ((flg & LT_SHM_EXEC) ? LT_PROT_EXEC : 0);
+    p->fd = (u64)(u32)u.di;
     long ret = args->ret;
     if (is_err(ret)) {
         count(LT_CNT_FAILED);
-        pending_done(p);
         return 0;
     }
     struct lt_event ev = {};
@@ -769,7 +729,6 @@ TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;
     ev.result = ret;
-    pending_done(p);
     emit(&ev);
     return 0;
 }

@@ -71,7 +71,8 @@ struct lt_region {
     __u32 fd;        /* (u32)-1 for anonymous */
 };
 
-/* Arguments kept between a syscall's entry and exit, keyed by tid. */
+/* A traced call at its exit: its arguments (read from the user registers saved at its entry), call site and
+ * stack, and who made it. */
 struct lt_pending {
     __u64 addr;
     __u64 len;
@@ -83,7 +84,6 @@ struct lt_pending {
     __u64 site;
     __u64 ip;
     __s64 stack_id;
-    __u64 live;      /* 1 between a traced entry and its exit */
     __u32 tgid;      /* the caller as user space numbers it (its PID namespace's ids) */
     __u32 tid;
 };

@@ -15,8 +15,7 @@ CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
-SYSCALL_EVENTS = ("sys_enter_mmap", "sys_exit_mmap", "sys_enter_munmap", "sys_enter_mremap", "sys_enter_brk",
-                  "sys_enter_mprotect", "sys_exit_mprotect")
+SYSCALL_EVENTS = ("sys_exit_mmap", "sys_enter_munmap", "sys_exit_mremap", "sys_exit_brk", "sys_exit_mprotect")
 SCHED_EVENTS = ("sched_process_fork", "sched_process_exec", "sched_process_exit")
 
 

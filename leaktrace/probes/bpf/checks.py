@@ -25,11 +25,9 @@ from leaktrace.probes.bpf.loader import (
 )
 
 TRACEFS = [Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing")]
-TRACEPOINTS = [
-    "syscalls/sys_enter_mmap", "syscalls/sys_exit_mmap", "syscalls/sys_enter_munmap",
-    "syscalls/sys_enter_mremap", "syscalls/sys_exit_mremap", "syscalls/sys_enter_brk",
-    "syscalls/sys_exit_brk", "syscalls/sys_enter_mprotect", "syscalls/sys_exit_mprotect", "sched/sched_process_fork", "sched/sched_process_exec",
-    "sched/sched_process_exit",
+TRACEPOINTS = [  # what bpf/leaktrace.bpf.c attaches (mmap, mremap, brk, mprotect: at their exit only)
+    "syscalls/sys_exit_mmap", "syscalls/sys_enter_munmap", "syscalls/sys_exit_mremap", "syscalls/sys_exit_brk",
+    "syscalls/sys_exit_mprotect", "sched/sched_process_fork", "sched/sched_process_exec", "sched/sched_process_exit",
 ]
 
 
