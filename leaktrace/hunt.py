@@ -210,6 +210,7 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
             p.cancel()  # prepared but never started (a required probe failed first): its work undone
     session = ctx.session
     attach_s = session.now()
+    ctx.attached.set()
     session.update_meta(attach_s=attach_s, probe_attach_s=took, probes=[p.name for p in started])
     if fatal is None:
         ctx.log(f"attached {len(started)} probe(s) to {len(ctx.targets.live())} process(es) in {attach_s:.2f}s: "

@@ -130,6 +130,9 @@ class HuntContext:
     warnings: list[str] = field(default_factory=list)
     live: LiveFigures = field(default_factory=LiveFigures)
     tick_costs: TickCosts = field(default_factory=TickCosts)
+    # Set by the hunt once every probe has started (the eBPF program compiled and tracing): work that can wait
+    # (heap walks) waits for it, so none of it competes with the compile on a node whose cores serve.
+    attached: threading.Event = field(default_factory=threading.Event)
 
     def warn(self, msg: str) -> None:
         # Bounded: a probe that warns every tick of a day-long hunt must not grow leaktrace itself.

@@ -99,9 +99,10 @@ class PyHeapProbe:
 
     def start(self, ctx: HuntContext) -> None:
         """Nothing is read here: finding each interpreter (its maps, the ELF symbols, DWARF through gdb:
-        seconds for 8 vLLM processes) and the walks run in the probe's thread, after the hunt is live."""
+        seconds for 8 vLLM processes) and the walks run in the probe's thread, once the hunt is live
+        (``ctx.attached``: the eBPF program compiles after this start, and on a loaded node every second of
+        CPU taken beside it is a second more before the ledger traces)."""
         self.ctx = ctx
-        self._next_walk_at = time.monotonic() + self.FIRST_WALK_S
         if not self.IN_PROCESS:
             # Started from the hunt's own thread (it lives until stop): PR_SET_PDEATHSIG fires when the
             # thread that started the worker ends. Only when a target looks like Python (else the first walk
@@ -117,6 +118,11 @@ class PyHeapProbe:
         self._thread.start()
 
     def _walker(self) -> None:
+        assert self.ctx is not None
+        while not self.ctx.attached.wait(0.25):
+            if self._stop.is_set():
+                return
+        self._next_walk_at = time.monotonic() + self.FIRST_WALK_S
         logged = False
         while True:
             try:
