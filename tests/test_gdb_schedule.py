@@ -87,3 +87,34 @@ def test_a_heap_site_gives_no_breakpoint() -> None:
         live.bpf = {"outstanding_by_pid": {7: n}, "top_sites": [_site(7, 0x5000, n, kind="heap")]}
         probe._enqueue_due()
     assert probe.growing_site(7) is None
+
+
+def test_a_full_symbol_read_that_would_outlast_the_hunt_is_not_started(spawn) -> None:
+    """A process due on growth with no growing call site gets a full symbol read (a minute for a vLLM process on
+    a loaded node): with less of the hunt left than that read takes, it is not started (the stop would cut it
+    before any stack). The estimate is from the sizes of the real process's mapped code files."""
+    import os
+    import sys
+
+    from leaktrace.probes.gdb import probe as gdb_probe
+    from leaktrace.probes.gdb.symbolfiles import symbol_files
+
+    target = spawn([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"])
+    size = sum(os.path.getsize(p) for p, _ in symbol_files(target.pid))
+    assert size > 0
+    clock = {"now": 100.0}
+    probe, _live = _probe([target.pid])
+    probe.ctx.session = SimpleNamespace(meta={"attach_s": 10.0}, now=lambda: clock["now"])
+    # 60 s hunt from 10 s: at 100 s, no time left at all; at 20 s, 50 s left
+    need = size / gdb_probe.FULL_READ_BYTES_PER_S
+    why = probe._read_outlasts_hunt(target.pid)
+    assert why.startswith("-30 s of the hunt left") and f"{size >> 20} MB" in why, why
+    clock["now"] = 20.0
+    assert (probe._read_outlasts_hunt(target.pid) == "") == (need <= 50.0), (need, size)
+    # a growing call site (its stack's libraries only) and asked-for samples are never held back
+    probe._growing = {target.pid: SimpleNamespace(highs=2, entry={"site": 1})}
+    clock["now"] = 100.0
+    assert probe._read_outlasts_hunt(target.pid) == ""
+    asked = GdbProbe(HuntOptions(gdb_samples=3))
+    asked.ctx = probe.ctx
+    assert asked._read_outlasts_hunt(target.pid) == ""

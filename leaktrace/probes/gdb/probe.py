@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -14,6 +15,7 @@ from leaktrace.probes import HuntOptions
 from leaktrace.probes.gdb.attach import GdbRun, PauseBudget, sample_process
 from leaktrace.probes.gdb.checks import preflight
 from leaktrace.probes.gdb.rows import run_row, sample_row
+from leaktrace.probes.gdb.symbolfiles import symbol_files
 
 DEFAULT_SAMPLES_ON_GROWTH = 20  # --gdb-samples unset: this many per process, once it grows
 DEFAULT_SECONDS_PER_PROCESS = 10.0
@@ -30,6 +32,11 @@ LEDGER_TRIGGER_BYTES = 4 << 20
 SITE_TRIGGER_TICKS = 3
 SITE_TRIGGER_BYTES = 1 << 20
 MAPPING_KINDS = ("anon", "file", "shm")  # sites whose call returns the address it mapped (joined by address)
+# A process due on growth with no growing call site: gdb reads all its libraries' symbols before it stops
+# anywhere, at about this rate on a loaded node (a vLLM worker's ~1 GB of code files: 50-70 s on 2 busy cores).
+# With less of the hunt left than its read would take, the stop would cut the read before any stack, its CPU
+# spent beside the serving for nothing: the process is not sampled.
+FULL_READ_BYTES_PER_S = 20 << 20
 
 
 class GdbProbe:
@@ -161,7 +168,27 @@ class GdbProbe:
             if pid is None:
                 self._stop.wait(0.2)
                 continue
+            short = self._read_outlasts_hunt(pid)
+            if short:
+                self._record(pid, GdbRun(pid=pid, reason=f"not sampled: {short}", t_start_mono=time.monotonic(),
+                                         t_end_mono=time.monotonic()))
+                continue
             self._sample(pid)
+
+    def _read_outlasts_hunt(self, pid: int) -> str:
+        """Why a full symbol read of ``pid`` (due on growth, no growing call site) would end after the hunt, or
+        "" (a call site's read, asked-for samples, or time enough)."""
+        attach = self.ctx.session.meta.get("attach_s")
+        if not self.on_growth_only or attach is None or self.growing_site(pid) is not None:
+            return ""
+        left = attach + self.options.duration - self.ctx.session.now()
+        size = 0
+        for path, _bias in symbol_files(pid):
+            with contextlib.suppress(OSError):
+                size += os.path.getsize(path)
+        need = size / FULL_READ_BYTES_PER_S
+        return f"{left:.0f} s of the hunt left, gdb's read of {size >> 20} MB of symbols takes ~{need:.0f} s" \
+            if need > left else ""
 
     def _sample(self, pid: int) -> None:
         session = self.ctx.session
@@ -199,9 +226,15 @@ class GdbProbe:
             self.ctx.warn(f"gdb: {e}")
             run = GdbRun(pid=pid, reason=f"attach failed: {e.message}", t_start_mono=time.monotonic(),
                          t_end_mono=time.monotonic())
+        self._record(pid, run)
+
+    def _record(self, pid: int, run: GdbRun) -> None:
+        session = self.ctx.session
+        t0_mono = session.meta["t0_monotonic"]
         with self._lock:
+            index = len(self._runs)
             self._runs.append(run)
-        session.append("gdb_runs", run_row(run, index, t_of))
+        session.append("gdb_runs", run_row(run, index, lambda mono: mono - t0_mono))
         self.ctx.live.gdb = {"runs": len(self._runs), "samples": sum(r.samples for r in self._runs),
                                 "paused_s": sum(r.paused_s + r.attach_s for r in self._runs)}
         self.ctx.log(f"gdb: pid {pid} done: {run.samples} stacks, {run.stops} stops, "
