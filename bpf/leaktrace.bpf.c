@@ -130,7 +130,7 @@ BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for *
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 /* The traced call an exit program is handling, per CPU: the program runs to its end on one CPU, and the record
  * does not fit the BPF stack beside the event built from it. */
-BPF_PERCPU_ARRAY(calls, struct lt_pending, 1);
+BPF_PERCPU_ARRAY(calls, struct lt_call, 1);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
 BPF_HASH(hooks, u32, struct lt_hook, 65536);      /* tgid (user-space numbering) -> its memory hook, once mapped */
@@ -269,7 +269,7 @@ static __always_inline u64 user_sp(void)
 
 /* A window of a hooked call for user space: to learn a path through the hook from (hook_learn: at most one per
  * LT_HOOK_LEARN_EVERY_NS per process), or to show which part of UCX maps for itself (once per caller). */
-static __always_inline void hook_window(struct lt_pending *p, u64 now)
+static __always_inline void hook_window(struct lt_call *p, u64 now)
 {
     struct lt_event ev = {};
     ev.seq = now;
@@ -282,7 +282,7 @@ static __always_inline void hook_window(struct lt_pending *p, u64 now)
     emit_window(&ev);
 }
 
-static __always_inline void hook_learn(struct lt_hook *h, struct lt_pending *p, u64 now)
+static __always_inline void hook_learn(struct lt_hook *h, struct lt_call *p, u64 now)
 {
     if (now - h->learn_seq < LT_HOOK_LEARN_EVERY_NS)
         return;
@@ -301,7 +301,7 @@ static __always_inline u64 read_user_word(u64 addr)
 /* An anonymous mmap whose call site is in the process's memory hook (`h`): the return address to blame. The
  * code that called the hooked function when the hook dispatched it (`*off` then says where it was read); the
  * site itself when UCX mapped for itself, or while the call's path is not known. */
-static __always_inline u64 hooked_site(struct lt_hook *h, struct lt_pending *p, u64 now, u32 *off)
+static __always_inline u64 hooked_site(struct lt_hook *h, struct lt_call *p, u64 now, u32 *off)
 {
     struct lt_hook_key key = {.tgid = p->tgid, .pad = 0, .addr = p->site};
     u64 *caller_off = hook_sites.lookup(&key);
@@ -399,14 +399,14 @@ _Static_assert(LT_REGS_R10_OFF + 9 * 8 == LT_REGS_IP_OFF && LT_REGS_R10_OFF + 12
 
 /* The call at its exit, when the calling process is traced: who made it, its call site and stack, and its
  * registers in `u` (each handler takes its arguments from them). */
-static __always_inline struct lt_pending *call_at_exit(void *ctx, struct lt_uregs *u)
+static __always_inline struct lt_call *call_at_exit(void *ctx, struct lt_uregs *u)
 {
     struct lt_ids ids;
     if (!current_ids(&ids))
         return 0;
     count(LT_CNT_SYSCALLS);
     u32 zero = 0;
-    struct lt_pending *p = calls.lookup(&zero);
+    struct lt_call *p = calls.lookup(&zero);
     if (!p)
         return 0;
     struct task_struct *task = bpf_get_current_task_btf();
@@ -425,7 +425,7 @@ static __always_inline struct lt_pending *call_at_exit(void *ctx, struct lt_ureg
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
     struct lt_uregs u;
-    struct lt_pending *p = call_at_exit(args, &u);
+    struct lt_call *p = call_at_exit(args, &u);
     if (!p)
         return 0;
     p->addr = u.di;
@@ -551,7 +551,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 {
     struct lt_uregs u;
-    struct lt_pending *p = call_at_exit(args, &u);
+    struct lt_call *p = call_at_exit(args, &u);
     if (!p)
         return 0;
     p->addr = u.di;
@@ -626,7 +626,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
 TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 {
     struct lt_uregs u;
-    struct lt_pending *p = call_at_exit(args, &u);
+    struct lt_call *p = call_at_exit(args, &u);
     if (!p || u.di == 0)  /* brk(0) is a query: nothing moves */
         return 0;
     p->addr = u.di;
@@ -651,7 +651,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_brk)
 TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 {
     struct lt_uregs u;
-    struct lt_pending *p = call_at_exit(args, &u);
+    struct lt_call *p = call_at_exit(args, &u);
     if (!p)
         return 0;
     p->addr = u.di;
@@ -703,7 +703,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
 {
     struct lt_uregs u;
-    struct lt_pending *p = call_at_exit(args, &u);
+    struct lt_call *p = call_at_exit(args, &u);
     if (!p)
         return 0;
     u64 flg = (u64)(s64)(int)u.dx;  /* shmat(int shmid, const void *shmaddr, int shmflg) */

@@ -73,7 +73,7 @@ struct lt_region {
 
 /* A traced call at its exit: its arguments (read from the user registers saved at its entry), call site and
  * stack, and who made it. */
-struct lt_pending {
+struct lt_call {
     __u64 addr;
     __u64 len;
     __u64 new_len;

@@ -8,15 +8,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from leaktrace.probes.bpf.checks import bpf_doctor_checks
+from leaktrace.probes.bpf.checks import TRACEPOINTS, bpf_doctor_checks
 from leaktrace.probes.gdb.checks import gdb_doctor_checks
 
 CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
-SYSCALL_EVENTS = ("sys_exit_mmap", "sys_enter_munmap", "sys_exit_mremap", "sys_exit_brk", "sys_exit_mprotect")
-SCHED_EVENTS = ("sched_process_fork", "sched_process_exec", "sched_process_exit")
 
 
 @dataclass
@@ -66,8 +64,7 @@ def check_tracepoints() -> Check:
     if root is None:
         return Check("syscall tracepoints", False, "tracefs not mounted or not readable",
                      "mount -t tracefs nodev /sys/kernel/tracing (and run as root)")
-    missing = [e for e in SYSCALL_EVENTS if not os.path.isdir(f"{root}/events/syscalls/{e}")]
-    missing += [e for e in SCHED_EVENTS if not os.path.isdir(f"{root}/events/sched/{e}")]
+    missing = [tp.split("/")[1] for tp in TRACEPOINTS if not os.path.isdir(f"{root}/events/{tp}")]
     if missing:
         return Check("syscall tracepoints", False, f"missing under {root}: {', '.join(missing)}",
                      "a kernel built with CONFIG_FTRACE_SYSCALLS is needed for the eBPF probe; use --no-bpf")

@@ -36,7 +36,7 @@ typedef int64_t __s64;
 
 # Structs of the header that user space never reads or writes: a syscall's arguments between its entry and
 # exit, and the key of the kernel's call-site cache.
-KERNEL_ONLY_STRUCTS = {"lt_pending", "lt_site_key"}
+KERNEL_ONLY_STRUCTS = {"lt_call", "lt_site_key"}
 # Mirror fields named otherwise in C: WindowEvent inherits Event's `len`, so the window's is `win_len`.
 C_FIELD_NAMES = {("WindowEvent", "win_len"): "len"}
 # A mirror class deriving from another mirror class: the C struct embeds the base as this member.

@@ -14,12 +14,12 @@ Three views of a file:
 """
 
 from leaktrace.elf.symbols import (
-           ElfInfo,
-           ElfSymbols,
-           elf_info,
-           first_load_vaddr,
-           parse_elf_dynsym,
-           read_elf_symbols,
+    ElfInfo,
+    ElfSymbols,
+    elf_info,
+    first_load_vaddr,
+    parse_elf_dynsym,
+    read_elf_symbols,
 )
 from leaktrace.elf.unwind import UnwindTable, unwind_table
 

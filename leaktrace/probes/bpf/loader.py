@@ -248,9 +248,9 @@ class ProgramBuild:
         self._thread.start()
 
     def _in_background(self) -> None:
-        # The compile and load take ~1 s of CPU; on a node whose cores serve, shared evenly with every busy
-        # thread there, they took 25-30 s before tracing began. This thread alone runs raised (root may): the
-        # same second of CPU, taken sooner.
+        # The compile and load take ~1 s of CPU; on a node whose cores serve, an even share with every busy
+        # thread there stretches that to tens of seconds before tracing begins. This thread alone runs raised
+        # (root may): the same second of CPU, taken sooner.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
         try:
