@@ -25,6 +25,7 @@ from leaktrace.probes.pyheap import PyHeapProbe
 from leaktrace.probes.ucx_state import UcxStateProbe
 from leaktrace.probes.vllm import VllmProbe
 from leaktrace.probes.watcher import WatcherProbe
+from leaktrace.sched import HuntPriority
 from leaktrace.session import SessionWriter
 from leaktrace.targetlock import TargetLocks
 
@@ -126,6 +127,9 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     ctx = HuntContext(session=session, targets=targets, options=options, log=log)
     flag = _StopFlag()
     flag.install()
+    # Before any probe starts a thread or a helper: they inherit it.
+    priority = HuntPriority()
+    session.update_meta(scheduling=priority.raise_())
     if stop is not None:
         # An external stop (the demo, a Ray task) joins the signal flag.
         threading.Thread(target=lambda: (stop.wait(), flag.event.set()), daemon=True).start()
@@ -146,6 +150,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
             stop_reason = _tick_until_stopped(started, ctx, flag, on_tick)
     finally:
         duration = _stop_and_close(started, ctx, stop_reason)
+        priority.restore()
         flag.restore()
         locks.release()
     if fatal is not None:
