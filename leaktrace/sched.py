@@ -14,8 +14,9 @@ scheduled in, not only its threads:
   the end of the hunt;
 - in any case its threads' nice, which decides among the processes of a shared cgroup (a container).
 
-A raised priority makes the hunt prompt, not bigger: what it computes is bounded by its ticks, and its
-heavy helpers (symbol reads, heap walks) lower their own nice below it. Without the privilege (not root)
+A raised priority makes the hunt prompt, not bigger: what it computes is bounded by its ticks. Its heavy
+helpers (gdb's symbol reads, heap walks) run in sessions and groups of their own at an ordinary weight
+(``helper_group``): at the hunt's, gdb reading 1 GB of symbols doubled the pair's p50 latency. Without the privilege (not root)
 nothing changes and ``as_meta()`` says why.
 """
 
@@ -29,6 +30,8 @@ HUNT_NICE = -5
 # The kernel's weight of a nice level (sched_prio_to_weight), for a cgroup given the share of that level.
 NICE_WEIGHT = {-10: 9548, -5: 3121, 0: 1024}
 CGROUP_NAME = "leaktrace"
+# The cpu hierarchy this process left for CGROUP_NAME (HuntPriority), where helpers go back to (helper_group).
+_joined_from: Path | None = None
 
 
 def autogroup_enabled() -> bool:
@@ -151,6 +154,8 @@ class HuntPriority:
             self.done["group_error"] = f"cpu cgroup {group}: {e.strerror or e}"
             return
         self._cgroup_from, self._cgroup = mount, group
+        global _joined_from  # noqa: PLW0603
+        _joined_from = mount
         self.done["cgroup"] = str(group)
 
     def restore(self) -> None:
@@ -161,6 +166,8 @@ class HuntPriority:
             except OSError:
                 pass  # another hunt is in it, or it is gone: an empty group costs nothing
             self._cgroup_from = self._cgroup = None
+            global _joined_from  # noqa: PLW0603
+            _joined_from = None
         if self._autogroup_before is not None:
             set_autogroup_nice(0, self._autogroup_before)
             self._autogroup_before = None
@@ -172,8 +179,21 @@ class HuntPriority:
             self._nice_before = None
 
 
-def raise_helper(pid: int, nice: int = HUNT_NICE) -> None:
-    """A helper the hunt started in a session of its own (gdb, so a terminal's Ctrl-C reaches leaktrace
-    first) gets its session group raised too: a target gdb has stopped waits for gdb's CPU."""
-    if autogroup_enabled():
-        set_autogroup_nice(pid, nice)
+def helper_group(pid: int, nice: int) -> None:
+    """Give a helper started in a session of its own (``start_new_session``) a scheduling group of its own at
+    ``nice``: out of the hunt's cpu cgroup, which it inherited, into its session's autogroup. A helper's heavy
+    work (gdb's symbol read, a heap walk) at the hunt's raised weight would take the serving processes' CPU:
+    it runs at an ordinary weight, and gdb is raised only while it samples (a stopped target waits for it)."""
+    if not autogroup_enabled():
+        return
+    try:
+        if os.getsid(pid) != pid:
+            return  # in the hunt's session: its group is the hunt's
+    except OSError:
+        return
+    if _joined_from is not None:
+        try:
+            (_joined_from / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            pass
+    set_autogroup_nice(pid, nice)

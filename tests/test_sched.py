@@ -26,11 +26,26 @@ def seen():
     ag = Path("/proc/self/autogroup").read_text().split()[-1] if Path("/proc/self/autogroup").exists() else None
     return {"nice": os.getpriority(os.PRIO_PROCESS, 0), "cpu_cgroup": cg[0] if cg else None, "autogroup_nice": ag}
 
+def helper_seen(pid):
+    cg = [l.split(":", 2)[2] for l in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+          if "cpu" in l.split(":")[1].split(",")]
+    return {"cpu_cgroup": cg[0] if cg else None, "autogroup_nice": Path(f"/proc/{pid}/autogroup").read_text().split()[-1]}
+
 p = HuntPriority()
 done = p.raise_()
 during = seen()
+import subprocess
+from leaktrace.sched import helper_group
+helper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+helper_inherited = helper_seen(helper.pid)
+helper_group(helper.pid, 0)
+helper_own = helper_seen(helper.pid)
+helper_group(helper.pid, -5)
+helper_raised = helper_seen(helper.pid)
+helper.kill()
 p.restore()
-print(json.dumps({"done": done, "during": during, "after": seen(), "leader": os.getsid(0) == os.getpid()}))
+print(json.dumps({"done": done, "during": during, "after": seen(), "leader": os.getsid(0) == os.getpid(),
+                  "helper": [helper_inherited, helper_own, helper_raised]}))
 """
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice needs root")
@@ -62,6 +77,12 @@ def test_outside_its_session_the_hunt_joins_a_weighted_cpu_cgroup_and_leaves_it(
     if version == 1 and (mount / "leaktrace").exists():  # another hunt may be in it; its weight is the same
         assert int((mount / "leaktrace" / "cpu.shares").read_text()) == NICE_WEIGHT[HUNT_NICE]
     assert got["after"]["cpu_cgroup"] == "/", got
+    # a helper in a session of its own (gdb, the heap walker) inherits the cgroup and is taken out of it: its
+    # heavy work at an ordinary weight in its own session's group, raised only when asked (gdb sampling)
+    inherited, own, raised = got["helper"]
+    assert inherited["cpu_cgroup"] == "/leaktrace", got
+    assert own == {"cpu_cgroup": "/", "autogroup_nice": "0"}, got
+    assert raised == {"cpu_cgroup": "/", "autogroup_nice": str(HUNT_NICE)}, got
     # the session's group is the caller's: left alone
     assert got["during"]["autogroup_nice"] == got["after"]["autogroup_nice"], got
 

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from leaktrace.errors import LeaktraceError, ProcessGone
+from leaktrace.sched import helper_group
 
 if TYPE_CHECKING:
     from leaktrace.probes.pyheap_read import Interpreter
@@ -52,7 +53,9 @@ class WalkerProcess:
         env.pop("PYTHONSTARTUP", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "leaktrace.probes.pyheap_walk", "--worker", str(os.getpid())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True,
+            start_new_session=True)
+        helper_group(self.proc.pid, 0)  # a walk is heavy: never at the hunt's raised weight
         self._buf.clear()
         self._ready = False
         self.starts += 1

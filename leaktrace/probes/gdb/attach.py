@@ -52,7 +52,7 @@ from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
 from leaktrace.probes.gdb.sitecheck import restore_breakpoints
 from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, site_symbol_files, symbol_files, symbols_niced
-from leaktrace.sched import raise_helper
+from leaktrace.sched import helper_group
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
 MI_ASYNC_ON = "-gdb-set mi-async on"
@@ -116,7 +116,7 @@ def _gdb_controller_class():
             self.gdb_process = subprocess.Popen(self.command, shell=False, stdout=subprocess.PIPE,
                                                 stdin=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                                 start_new_session=True, env=gdb_environment())
-            raise_helper(self.gdb_process.pid)
+            helper_group(self.gdb_process.pid, 0)  # raised once its symbols are read
             self.io_manager = IoManager(self.gdb_process.stdin, self.gdb_process.stdout,
                                         self.gdb_process.stderr, self.time_to_check_for_additional_output_sec)
             return self.gdb_process.pid

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from leaktrace import procfs
 from leaktrace.elf import first_load_vaddr
 from leaktrace.errors import LeaktraceError
+from leaktrace.sched import HUNT_NICE, helper_group
 
 # gdb's priority while it reads symbols: spare CPU only. The read is a minute of a full core for a vLLM worker
 # on 2 cores; at normal priority, even unattached, it stalls the traffic of a P/D pair serving beside it (the
@@ -82,3 +83,4 @@ def symbols_niced(gdb_pid: int) -> Iterator[None]:
                 os.setpriority(os.PRIO_PROCESS, gdb_pid, before)
             except OSError:
                 pass
+        helper_group(gdb_pid, HUNT_NICE)  # sampling: the target stopped at a breakpoint waits for gdb
