@@ -49,7 +49,7 @@ def test_full_smaps_skipped_where_nothing_moved(spawn, leaker_bin, tmp_path) -> 
     assert len(grown) >= 3, ev[ev["pid"] == grower.pid][["t", "event", "size"]]
     assert not (ev["pid"] == idle.pid).any(), ev[ev["pid"] == idle.pid]
     # rollups: the idle process's statm did not move, its figures reused (re-read every ROLLUP_MAX_SKIPS
-    # ticks); the grower's moved every tick, read every tick
+    # ticks); the grower's moved every tick: read, or carried forward by statm, its RSS new every tick
     from leaktrace.probes.watcher import ROLLUP_MAX_SKIPS
 
     ro = rdr.table("rollup")

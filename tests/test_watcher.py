@@ -203,3 +203,16 @@ def test_stop_event_from_another_thread(tmp_path, spawn, leaker_bin):
     # The stop is seen after the 4th tick (or, were its thread slow to run, the 5th); a stop seen while
     # waiting for the next tick records one last tick (on_tick is not called for it).
     assert len(ticks) in (4, 5) and len(roll) - len(ticks) in (0, 1), (len(roll), ticks)
+
+
+def test_a_reused_rollup_moves_with_statm() -> None:
+    from leaktrace.probes.watcher import carried_rollup
+
+    read = {"Rss": 100 << 20, "Pss": 90 << 20, "Anonymous": 60 << 20, "Private_Dirty": 70 << 20, "Swap": 5}
+    before = (500 << 20, 100 << 20, 40 << 20)  # mapped, resident, shared (anonymous 60 MiB)
+    assert carried_rollup(read, before, before) is read
+    # 3 MiB more resident, of which 1 MiB file pages: anonymous +2 MiB
+    got = carried_rollup(read, before, (503 << 20, 103 << 20, 41 << 20))
+    assert got["Rss"] == 103 << 20 and got["Anonymous"] == 62 << 20
+    assert got["Pss"] == 92 << 20 and got["Private_Dirty"] == 72 << 20 and got["Swap"] == 5
+    assert read["Rss"] == 100 << 20  # the held figures are not changed in place
