@@ -40,7 +40,7 @@ class UcxStateProbe(RereadingProbe):
                 if not any(m.path and ucx.UCX_LIB_RE.search(m.path) for m in maps):
                     self.without_ucx[pid] = self._ticks
                     continue
-                cfg = ucx.read_ucx_config(pid)
+                cfg = ucx.read_ucx_config(pid, maps=maps)
             except (LeaktraceError, OSError, ValueError):
                 continue  # gone, or unreadable: the watcher reports processes that vanish
             row = cfg.as_row(self.ctx.session.now())

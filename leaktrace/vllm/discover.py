@@ -287,7 +287,7 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             config["multiproc_method"] = info.get("multiproc_method")
         if ucx_state and "ucx" in lib_groups:
             try:
-                config["ucx"] = ucx.read_ucx_config(pid).to_dict()
+                config["ucx"] = ucx.read_ucx_config(pid, maps=maps_of(pid) or None).to_dict()
             except (LeaktraceError, OSError, ValueError) as e:
                 config["ucx"] = {"error": str(e)}
         row: dict[str, Any] = {

@@ -158,11 +158,12 @@ def _version_near_cached(path: str, _mtime_ns: int) -> str | None:
 
 
 def read_ucx_config(pid: int, ancestor_env: dict[str, str] | None = None,
-                    ancestor_pid: int | None = None) -> UcxConfig:
+                    ancestor_pid: int | None = None, maps: list[procfs.Mapping] | None = None) -> UcxConfig:
     """Effective UCX state of ``pid``. ``ancestor_env`` (with ``ancestor_pid``) is the launch environment of
-    an untitled ancestor, used when this process's own environment cannot be read at all."""
+    an untitled ancestor, used when this process's own environment cannot be read at all. ``maps``: its
+    mappings when the caller has just read them (thousands in a vLLM process: their parse is the cost)."""
     cfg = UcxConfig(pid=pid)
-    maps = procfs.read_maps(pid)
+    maps = procfs.read_maps(pid) if maps is None else maps
     libs = []
     for m in maps:
         name = os.path.basename(m.path) if m.path else ""
