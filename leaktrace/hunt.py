@@ -215,6 +215,7 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
             p.cancel()  # prepared but never started (a required probe failed first): its work undone
     session = ctx.session
     attach_s = session.now()
+    ctx.tick_costs.attached()
     ctx.attached.set()
     session.update_meta(attach_s=attach_s, probe_attach_s=took, probes=[p.name for p in started])
     if fatal is None:

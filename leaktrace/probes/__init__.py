@@ -88,6 +88,7 @@ class TickCosts:
         self.max_late_s = 0.0
         self.max_late_at_s: float | None = None
         self.stop_s: dict[str, float] = {}  # what each probe's stop took (its last reads, its threads joined)
+        self.attach_cpu_s: float | None = None  # this process's CPU until every probe was live (imports, compile)
 
     def stopped(self, name: str, wall_s: float) -> None:
         self.stop_s[name] = round(wall_s, 3)
@@ -100,6 +101,12 @@ class TickCosts:
         d["cpu_s"] += cpu_s
         if wall_s > d["max_wall_s"]:
             d["max_wall_s"], d["max_wall_at_s"] = wall_s, now
+
+    def attached(self) -> None:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        self.attach_cpu_s = round(own.ru_utime + own.ru_stime, 3)
 
     def started(self, late_s: float, interval: float, now: float) -> None:
         self.ticks += 1
@@ -114,6 +121,7 @@ class TickCosts:
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return {"process_cpu_s": round(own.ru_utime + own.ru_stime, 3),  # every thread, since leaktrace started
                 "children_cpu_s": round(kids.ru_utime + kids.ru_stime, 3),  # helpers reaped: gdb, walkers
+                "attach_cpu_s": self.attach_cpu_s,
                 "ticks": self.ticks, "late_ticks": self.late_ticks, "max_late_s": round(self.max_late_s, 3),
                 "max_late_at_s": None if self.max_late_at_s is None else round(self.max_late_at_s, 3),
                 "stop_s": dict(self.stop_s),
