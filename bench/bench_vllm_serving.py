@@ -141,7 +141,8 @@ def tick_costs(out: Path) -> str:
         return "no report"
     probes = ", ".join(f"{k} {d['cpu_s']:.1f}/{d['wall_s']:.1f}" for k, d in sorted(
         (tc.get("probes") or {}).items(), key=lambda kv: -kv[1]["cpu_s"]))
-    return (f"leaktrace CPU {tc.get('process_cpu_s')} s, helpers {tc.get('children_cpu_s')} s; ticks "
+    return (f"leaktrace CPU {tc.get('process_cpu_s')} s ({tc.get('attach_cpu_s')} s until attached), helpers "
+            f"{tc.get('children_cpu_s')} s; ticks "
             f"{tc.get('ticks')} ({tc.get('late_ticks')} late, max {tc.get('max_late_s')} s); CPU/wall s: {probes}")
 
 
