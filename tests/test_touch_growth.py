@@ -44,6 +44,8 @@ def test_region_mapped_before_attach_is_named_by_its_toucher(spawn, touch_bin, t
     # the host binary's balanced churn is not a culprit, joined by address or otherwise
     assert all(c["library"] != "touch_growth" for c in rep["culprits"]), rep["culprits"]
     reader = SessionReader(tmp_path / "s")
+    # RSS grew with no mapping call the ledger holds: gdb (stacks at those calls) was not run for it
+    assert reader.meta["probe_summaries"]["gdb"]["runs"] == 0, reader.meta["probe_summaries"]["gdb"]
     regions = reader.table("regions")
     mine = regions[(regions["pid"] == target.pid) & (regions["size"] == REGION)]
     t0 = reader.meta["t0_monotonic"]

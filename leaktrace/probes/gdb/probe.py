@@ -43,9 +43,10 @@ class GdbProbe:
     """Samples each process of the target tree in turn, in a background thread.
 
     ``--gdb-samples N`` (N>0): every live process once, N mmap/mremap stacks each (or 10 s, or the
-    budget). Unset: only processes whose RSS or anonymous memory grew by ``GROWTH_TRIGGER_BYTES`` since
-    first seen (the watcher's figures), or whose ledger count (mapped since attach, still held) grew by
-    ``LEDGER_TRIGGER_BYTES``, ``DEFAULT_SAMPLES_ON_GROWTH`` stacks each, once. gdb unusable (missing, no
+    budget). Unset: only processes whose ledger count (mapped since attach, still held) grew by
+    ``LEDGER_TRIGGER_BYTES`` or one of whose call sites grows, or, without the eBPF ledger, whose RSS or
+    anonymous memory grew by ``GROWTH_TRIGGER_BYTES`` since first seen (the watcher's figures),
+    ``DEFAULT_SAMPLES_ON_GROWTH`` stacks each, once. gdb unusable (missing, no
     Python, ptrace refused, target already traced) stops the hunt with one line (``GdbUnavailable``,
     exit code 6) unless the user turned gdb off (``--gdb-samples 0`` / ``--no-gdb``)."""
 
@@ -100,7 +101,11 @@ class GdbProbe:
             for pid in live:
                 self._enqueue(pid, 0.0)
             return
-        rollup = self.ctx.live.rollup
+        # With the eBPF ledger live, RSS growth alone is no reason to sample: the ledger sees every mapping
+        # call exactly, so growth it does not hold happened without one (pages touched in memory mapped
+        # earlier) and gdb's stacks at those calls would be of unrelated churn, after a symbol read that
+        # costs a minute of CPU in a vLLM process.
+        rollup = {} if self.ctx.live.bpf else self.ctx.live.rollup
         held = self.ctx.live.bpf.get("outstanding_by_pid") or {}
         for pid in live:
             figures = rollup.get(pid) or {}
