@@ -128,7 +128,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     flag = _StopFlag()
     flag.install()
     # Before any probe starts a thread or a helper: they inherit it.
-    priority = HuntPriority()
+    priority = HuntPriority(options.nice)
     session.update_meta(scheduling=priority.raise_())
     if stop is not None:
         # An external stop (the demo, a Ray task) joins the signal flag.

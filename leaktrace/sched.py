@@ -110,8 +110,8 @@ class HuntPriority:
         except OSError as e:
             self._nice_before = None
             self.done["nice_error"] = e.strerror or str(e)
-        if not autogroup_enabled():
-            return self.done
+        if self.nice >= 0 or not autogroup_enabled():
+            return self.done  # a group is only ever raised
         try:
             mount = cpu_cgroup_mount(Path("/proc/self/mountinfo").read_text())
             path = cpu_cgroup_of(Path("/proc/self/cgroup").read_text(), mount[1]) if mount else "/"

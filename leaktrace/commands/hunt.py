@@ -11,6 +11,7 @@ from leaktrace.commands import format_option
 from leaktrace.errors import UsageError
 from leaktrace.outdir import output_dir
 from leaktrace.report.formats import REPORT_FORMATS
+from leaktrace.sched import HUNT_NICE
 
 
 def make_logger(quiet: bool):
@@ -49,6 +50,10 @@ def make_logger(quiet: bool):
                    "(~0.8 µs an object: ~0.1 s for 120k objects, ~0.6 s for vLLM's ~700k) at start, at stop and "
                    "at most 2% of the time; the target's slowdown at that schedule is within noise (0.96-1.06x "
                    "of its speed without the probe). --no-pyheap turns it off.")
+@click.option("--nice", type=click.IntRange(-20, 19), default=HUNT_NICE, show_default=True,
+              help="The hunt's scheduling priority. Negative: its session's group (or a `leaktrace` cpu cgroup) "
+                   "is raised too, so its ticks run on time beside busy servers (which then yield it the CPU "
+                   "when it asks); 0: left as it is (ticks late on a saturated node).")
 @click.option("--prometheus-port", type=int, default=None, help="Expose leaktrace's figures on 127.0.0.1:PORT.")
 @click.option("--prometheus-addr", default="127.0.0.1", show_default=True,
               help="Address the Prometheus endpoint binds to.")
@@ -58,7 +63,7 @@ def make_logger(quiet: bool):
 def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, smaps_every: int, out: str | None,
          force: bool,
          gdb_samples: int | None, gdb_seconds: float | None, gdb_pause_pct: float | None, metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool,
-         prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: tuple[str, ...],
+         nice: int, prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: tuple[str, ...],
          quiet: bool) -> None:
     """Hunt a native-memory leak in live process trees.
 
@@ -86,7 +91,7 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
                           # Asked for by default: without BPF the hunt cannot name libraries, so "no BPF"
                           # is one clear error (exit 5) with the way out (--no-bpf), not a hunt that
                           # quietly knows less.
-                          bpf_required=not no_bpf)
+                          bpf_required=not no_bpf, nice=nice)
     if gdb_pause_pct is not None:
         if not 0 < gdb_pause_pct <= 100:
             raise UsageError("--gdb-pause-pct must be in (0, 100]")

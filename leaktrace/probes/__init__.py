@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from leaktrace.sched import HUNT_NICE
 from leaktrace.session import SessionWriter
 
 MAX_WARNINGS = 200
@@ -57,6 +58,7 @@ class HuntOptions:
     # Pause budget of the gdb sampler (None: the probe's defaults, see probes/gdb/attach.PauseBudget).
     gdb_pause_fraction: float | None = None
     gdb_max_stops_per_s: float | None = None
+    nice: int = HUNT_NICE  # the hunt's scheduling priority (leaktrace/sched.py); 0: left as it is
 
 
 @dataclass
