@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import LEAKTRACE, REPO, is_root, wait_for
 
+from leaktrace.analysis.growth import SHAPE_MIN_SPAN_S
 from leaktrace.probes.gdb.checks import proc_state, tracer_of
 from leaktrace.session import SessionReader
 
@@ -364,6 +365,10 @@ def test_ctrl_c_of_demo_writes_the_report(tmp_path):
             assert line, "demo ended before starting its workload"
         workload = int(line.split("pid ")[1].split(",")[0])
         assert wait_for(lambda: any((tmp_path / "d" / "tables").glob("ledger*/part-*.parquet")), timeout=90)
+        # The first ledger part comes within a second of attach, but a verdict needs growth measured over a
+        # span (SHAPE_MIN_SPAN_S): interrupted once the hunt has run past it, as a user who read the live view
+        start_wall = read_meta(tmp_path / "d")["start_wall"]
+        time.sleep(max(0.0, start_wall + SHAPE_MIN_SPAN_S + 15 - time.time()))
         demo.send_signal(signal.SIGINT)
         stdout, stderr = demo.communicate(timeout=120)
     finally:

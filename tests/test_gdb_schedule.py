@@ -30,9 +30,23 @@ def test_the_process_growing_most_past_its_trigger_is_sampled_first() -> None:
     assert probe.next_due() is None
     live.rollup = {server: {"rss": 500 * MB + GROWTH_TRIGGER_BYTES, "anon": 100 * MB},
                    worker: {"rss": 505 * MB, "anon": 105 * MB}, quiet: {"rss": 501 * MB, "anon": 100 * MB}}
-    live.bpf = {"outstanding_by_pid": {server: 1 * MB, worker: 3 * LEDGER_TRIGGER_BYTES, quiet: 0}}
+    live.bpf = {"outstanding_by_pid": {server: LEDGER_TRIGGER_BYTES * 3 // 2, worker: 3 * LEDGER_TRIGGER_BYTES,
+                                       quiet: 1 * MB}}
     probe._enqueue_due()
     assert [probe.next_due(), probe.next_due(), probe.next_due()] == [worker, server, None]
+
+
+def test_rss_growth_alone_is_due_only_without_the_ledger() -> None:
+    """With the eBPF ledger live, growth it does not hold came without a mapping call: gdb's stacks at those
+    calls would be of other work. Without eBPF, RSS growth is what there is."""
+    for ledger_live, due in ((True, None), (False, 7)):
+        probe, live = _probe([7])
+        live.rollup = {7: {"rss": 500 * MB, "anon": 100 * MB}}
+        live.bpf = {"outstanding_by_pid": {7: 0}} if ledger_live else {}
+        probe._enqueue_due()
+        live.rollup = {7: {"rss": 500 * MB + 4 * GROWTH_TRIGGER_BYTES, "anon": 100 * MB + 4 * GROWTH_TRIGGER_BYTES}}
+        probe._enqueue_due()
+        assert probe.next_due() == due, ledger_live
 
 
 def test_a_process_is_sampled_once() -> None:

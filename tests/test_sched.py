@@ -20,16 +20,22 @@ import json, os, sys
 from pathlib import Path
 from leaktrace.sched import HuntPriority
 
+def autogroup_nice(pid):
+    # empty for a process of the boot session's default group (a service's or container's init session)
+    path = Path(f"/proc/{pid}/autogroup")
+    words = path.read_text().split() if path.exists() else []
+    return words[-1] if words else None
+
 def seen():
     cg = [l.split(":", 2)[2] for l in Path("/proc/self/cgroup").read_text().splitlines()
           if "cpu" in l.split(":")[1].split(",")]
-    ag = Path("/proc/self/autogroup").read_text().split()[-1] if Path("/proc/self/autogroup").exists() else None
+    ag = autogroup_nice("self")
     return {"nice": os.getpriority(os.PRIO_PROCESS, 0), "cpu_cgroup": cg[0] if cg else None, "autogroup_nice": ag}
 
 def helper_seen(pid):
     cg = [l.split(":", 2)[2] for l in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
           if "cpu" in l.split(":")[1].split(",")]
-    return {"cpu_cgroup": cg[0] if cg else None, "autogroup_nice": Path(f"/proc/{pid}/autogroup").read_text().split()[-1]}
+    return {"cpu_cgroup": cg[0] if cg else None, "autogroup_nice": autogroup_nice(pid)}
 
 p = HuntPriority()
 done = p.raise_()
