@@ -40,6 +40,17 @@ def test_parse_recorded_decode() -> None:
 def test_parse_rejects_garbage() -> None:
     with pytest.raises(ValueError):
         parse_metrics("this is { not prometheus")
+    with pytest.raises(ValueError):  # dropping the names not kept never makes a page valid
+        parse_metrics("<html>\nthis is { not prometheus\n", keep=lambda n: n.startswith("vllm:"))
+
+
+@pytest.mark.parametrize("page", ["single", "decode", "prefill"])
+def test_parse_keeps_only_the_names_asked_for(page: str) -> None:
+    text = (DATA / f"vllm_metrics_{page}.txt").read_text()
+    full = parse_metrics(text)
+    kept = parse_metrics(text, keep=lambda n: n.startswith("vllm:") and not n.endswith("_bucket"))
+    assert kept == [s for s in full if s[0].startswith("vllm:") and not s[0].endswith("_bucket")]
+    assert 0 < len(kept) < len(full) / 3
 
 
 def test_normalize_url() -> None:

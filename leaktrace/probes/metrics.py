@@ -88,7 +88,7 @@ class MetricsProbe:
             t = self.ctx.session.now()
             try:
                 text = scrape(url, timeout=max(2.0, 3 * self.options.interval))
-                samples = parse_metrics(text)
+                samples = parse_metrics(text, keep=_keep)
             except MetricsUnreachable as e:
                 self.failed[url] = self.failed.get(url, 0) + 1
                 if url not in self.down:

@@ -7,9 +7,11 @@ usage and the API server's RSS, each counter summed over engines and label sets.
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,8 +20,32 @@ from leaktrace.errors import MetricsUnreachable
 Sample = tuple[str, dict[str, str], float]
 
 
-def parse_metrics(text: str) -> list[Sample]:
-    """Prometheus text exposition → (sample name, labels, value), with prometheus_client's own parser."""
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _kept_lines(text: str, keep: Callable[[str], bool]) -> str:
+    """``text`` less the sample lines (and HELP/TYPE lines) of names ``keep`` refuses. Only well-formed names
+    are dropped: a line that is not Prometheus text stays, so the parser still rejects the page."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            words = line.split(None, 3)
+            name = words[2] if len(words) >= 3 and words[1] in ("HELP", "TYPE") else None
+        else:
+            m = _NAME.match(line)
+            name = m.group(0) if m and line[m.end():m.end() + 1] in ("{", " ", "\t") else None
+        if name is None or keep(name):
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def parse_metrics(text: str, keep: Callable[[str], bool] | None = None) -> list[Sample]:
+    """Prometheus text exposition → (sample name, labels, value), with prometheus_client's own parser.
+    ``keep``: the sample names wanted (a family's HELP and TYPE lines by the family's name); the others are
+    dropped before parsing: a vLLM API server's page is ~500 samples, ~80 of them vLLM's own figures, and
+    the parser costs ~13 µs a sample on every scrape of the hunt."""
+    if keep is not None:
+        text = _kept_lines(text, keep)
     out: list[Sample] = []
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
