@@ -111,6 +111,41 @@ def test_discover_fake_tree(fake_tree) -> None:
     assert sorted(inst["pids"]) == sorted([api.pid, engine, worker]) and inst["role"] == "decode"
 
 
+def test_the_vllm_probe_looks_again_only_when_something_can_have_changed(fake_tree, spawn, tmp_path,
+                                                                          monkeypatch) -> None:
+    """A look reads every process's maps and environment: on a tick when no process was born and every
+    instance's role is known it is skipped; a process born since is labelled at the next look."""
+    from leaktrace.probes import HuntContext, HuntOptions, TargetSet
+    from leaktrace.probes import vllm as vllm_probe
+    from leaktrace.session import SessionWriter
+
+    api, _proxy = fake_tree
+    engine, worker = _tree_pids(api.pid)
+    looks: list[int] = []
+    real = vllm_probe.discover
+    monkeypatch.setattr(vllm_probe, "discover", lambda *a, **k: looks.append(1) or real(*a, **k))
+    targets = TargetSet(roots=[api.pid], pids={p: 0 for p in (api.pid, engine, worker)})
+    ctx = HuntContext(session=SessionWriter(tmp_path / "s"), targets=targets, options=HuntOptions(vllm=True),
+                      log=lambda line: None)
+    probe = vllm_probe.VllmProbe(ctx.options, rediscover_every=1)
+    try:
+        probe.start(ctx)
+        assert len(looks) == 1 and [i["role"] for i in probe.instances] == ["decode"]  # the proxy names it
+        probe.tick(1.0)
+        assert len(looks) == 1  # nothing new
+        born = spawn([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"])
+        with targets.lock:
+            targets.roots.append(born.pid)
+            targets.pids[born.pid] = os.getpid()
+        probe.tick(2.0)
+        assert len(looks) == 2 and born.pid in targets.labels
+        probe.tick(3.0)
+        probe.stop()
+        assert len(looks) == 2
+    finally:
+        ctx.session.close()
+
+
 def test_ps_cli_json_and_text(fake_tree) -> None:
     api, proxy = fake_tree
     r = run_cli("ps", "--json", "--no-metrics")

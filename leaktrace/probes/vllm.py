@@ -3,8 +3,9 @@
 At start: the ``vllm_processes`` table (one row per discovered process: label, title, instance, role,
 port, libraries, settings with their sources) and ``instances`` in meta.json; it also publishes the
 instances in ``ctx.live.vllm_instances`` so the metrics probe knows which /metrics to scrape, and labels the
-target set. Every ``rediscover_every`` ticks it looks again, so processes born later (a restarted
-worker) are labelled too; a role learnt later (decode receives its first KV) updates the meta.
+target set. Every ``rediscover_every`` ticks, and at stop, it looks again when a process was born since or an
+instance's role is still unknown, so processes born later (a restarted worker) are labelled too; a role learnt
+later (decode receives its first KV) updates the meta.
 """
 
 from __future__ import annotations
@@ -34,7 +35,18 @@ class VllmProbe(RereadingProbe):
     def _read(self, edge: str) -> None:
         if edge == "tick" and self._ticks % self.rediscover_every:
             return
+        if edge != "start" and not self._may_have_changed():
+            return
         self._record(first=edge == "start")
+
+    def _may_have_changed(self) -> bool:
+        """A look reads every process's maps and environment (a vLLM process maps thousands of regions:
+        ~0.2 CPU s a look on a P/D node, the costliest read of the hunt's ticks); what it can add is a process
+        born since (a restarted worker, to label) or the role of an instance not known yet (learnt from
+        /metrics once KV moves)."""
+        assert self.ctx is not None
+        return (bool(set(self.ctx.targets.live()) - self.seen)
+                or any(i.get("role") == "unknown" for i in self.instances))
 
     def _record(self, first: bool = False) -> None:
         assert self.ctx is not None
