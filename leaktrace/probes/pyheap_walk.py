@@ -16,6 +16,7 @@ import signal
 import struct
 import sys
 import time
+from collections import defaultdict
 from typing import Any
 
 from leaktrace.procmem import ProcMem
@@ -56,9 +57,10 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
     cached pages and goes on from the live successor of the last good node (or the one before, when that
     one left the list too) — objects freed meanwhile are skipped, which is what a count should do."""
     n = 0
-    counts: dict[int, int] = {}
+    counts: defaultdict[int, int] = defaultdict(int)
     cache: dict[int, bytes] = {}
     unpack_from, pread, fd, size = _NODE.unpack_from, os.pread, mem.fd, _NODE.size  # the hot loop
+    offset_mask = PAGE - 1
     good, good_tp = [head], [0]  # the last nodes walked through (and their types), for resyncs
     resyncs = steps = 0
     node = mem.read_ptr(head)
@@ -69,12 +71,13 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
         if node == 0 or node in stops or n >= MAX_WALK:
             return -1
         steps += 1  # not n: a list churned under the walk sends n back (resyncs) and past no multiple
-        if steps % YIELD_EVERY == 0:
+        if not steps % YIELD_EVERY:
             if YIELD_GIL:
                 time.sleep(0.0002)  # let the hunt's other threads run (see YIELD_EVERY)
             if deadline is not None and time.monotonic() > deadline:
                 return -1
-        base = node & ~(PAGE - 1)
+        off = node & offset_mask
+        base = node - off
         page = cache.get(base)
         try:
             if page is None:
@@ -83,37 +86,37 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
                     cache[base] = page
                     if len(cache) > PAGES_KEPT:
                         del cache[next(iter(cache))]
-            if node - base + size > len(page):  # the object's header crosses the page
-                page, base = pread(fd, size, node), node
+            if off + size > len(page):  # the object's header crosses the page (or a short read)
+                page, off = pread(fd, size, node), 0
         except OSError:
             page = b""
-        if len(page) < node - base + size or unpack_from(page, node - base)[1] & ~0x3 != good[-1]:
-            resyncs += 1
-            if resyncs > MAX_RESYNCS:
-                return -1
-            cache.clear()
-            node = None
-            while len(good) > 1:  # back to the last node still in the list (live: its _gc_prev holds)
-                live = mem.read(good[-1], size)
-                if live and len(live) == size and unpack_from(live)[1] & ~0x3 == good[-2]:
-                    node = unpack_from(live)[0]
-                    break
-                good.pop()
-                n -= 1
-                last_tp = good_tp.pop()
-                counts[last_tp] -= 1
-            if node is None:  # back at the head: the walk starts again
-                good, good_tp, counts, n = [head], [0], {}, 0
-                node = mem.read_ptr(head)
-            continue
-        nxt, _prev, tp = unpack_from(page, node - base)
-        counts[tp] = counts.get(tp, 0) + 1
-        good.append(node)
-        good_tp.append(tp)
-        if len(good) > 64:  # a few recent nodes suffice to resync; the older ones stay counted
-            del good[1:33], good_tp[1:33]
-        node = nxt
-        n += 1
+        if len(page) >= off + size:
+            nxt, prev, tp = unpack_from(page, off)
+            if prev & ~0x3 == good[-1]:  # reached through a live link: count it and go on
+                counts[tp] += 1
+                good.append(node)
+                good_tp.append(tp)
+                if len(good) > 64:  # a few recent nodes suffice to resync; the older ones stay counted
+                    del good[1:33], good_tp[1:33]
+                node = nxt
+                n += 1
+                continue
+        resyncs += 1
+        if resyncs > MAX_RESYNCS:
+            return -1
+        cache.clear()
+        node = None
+        while len(good) > 1:  # back to the last node still in the list (live: its _gc_prev holds)
+            live = mem.read(good[-1], size)
+            if live and len(live) == size and unpack_from(live)[1] & ~0x3 == good[-2]:
+                node = unpack_from(live)[0]
+                break
+            good.pop()
+            n -= 1
+            counts[good_tp.pop()] -= 1
+        if node is None:  # back at the head: the walk starts again
+            good, good_tp, counts, n = [head], [0], defaultdict(int), 0
+            node = mem.read_ptr(head)
     if node is None:
         return -1
     if types is not None:
