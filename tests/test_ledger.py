@@ -178,6 +178,30 @@ def test_many_random_ops_match_a_page_bitmap() -> None:
             assert p not in got, "intervals overlap"
             got[p] = iv.origin.site
     assert got == pages
+    # A snapshot's sums per call site: the bytes and intervals of each origin, without a step per interval
+    by_site: dict[int, int] = {}
+    for site in pages.values():
+        by_site[site] = by_site.get(site, 0) + P
+    totals = led.spaces[1].totals()
+    assert {o.site: b for o, b, _n in totals} == by_site
+    assert sum(n for _o, _b, n in totals) == len(list(led.intervals(1)))
+
+
+def test_regions_the_kernel_saw_born_since_the_last_look() -> None:
+    """The reconciliation's test: a region is unseen unless the last look held one with its start and birth."""
+    from array import array
+
+    from leaktrace.probes.bpf.kernel import KernelRegions, _unseen
+
+    def regions(pairs: list[tuple[int, int]]) -> KernelRegions:
+        return KernelRegions(array("Q", [a for a, _ in pairs]), array("Q", [a + P for a, _ in pairs]),
+                             array("Q", [q for _, q in pairs]), array("I", [0] * len(pairs)), array("Q"))
+
+    now = regions([(1 * P, 10), (2 * P, 11), (3 * P, 30), (9 * P, 40)])
+    assert _unseen(None, now) == [0, 1, 2, 3]
+    assert _unseen(regions([]), now) == [0, 1, 2, 3]
+    # same start and birth: seen; same start, newer birth: unseen; past every start of the last look: unseen
+    assert _unseen(regions([(1 * P, 10), (2 * P, 11), (3 * P, 12), (5 * P, 13)]), now) == [2, 3]
 
 
 def test_symbolizer_keeps_maps_after_exit_and_reads_elf(tmp_path) -> None:

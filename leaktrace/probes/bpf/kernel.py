@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from leaktrace.errors import BpfUnavailable, LeaktraceError
-from leaktrace.probes.bpf.addrspace import Origin
+from leaktrace.probes.bpf.addrspace import Origin, sum_by_origin
 from leaktrace.probes.bpf.layout import COUNTERS, Range, Region, RegionKey
 from leaktrace.probes.bpf.ledger import OutstandingLedger
 from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
@@ -40,10 +40,16 @@ class KernelRegions:
         """Index of the first region whose end may lie above ``a``."""
         return bisect.bisect_right(self.maxend, a)
 
-    def seen(self, start: int, seq: int) -> bool:
-        i = bisect.bisect_left(self.starts, start)
-        return i < len(self.starts) and self.starts[i] == start and self.seqs[i] == seq
 
+
+def _unseen(was: KernelRegions | None, kr: KernelRegions) -> list[int]:
+    """Indexes of the regions of ``kr`` not in ``was`` with the same start and birth (both sorted by start)."""
+    if was is None or not len(was):
+        return list(range(len(kr)))
+    ws, wq = np.frombuffer(was.starts, dtype=np.uint64), np.frombuffer(was.seqs, dtype=np.uint64)
+    st, sq = np.frombuffer(kr.starts, dtype=np.uint64), np.frombuffer(kr.seqs, dtype=np.uint64)
+    i = np.minimum(np.searchsorted(ws, st), len(ws) - 1)
+    return np.flatnonzero((ws[i] != st) | (wq[i] != sq)).tolist()
 
 
 class KernelSide:
@@ -267,23 +273,36 @@ class KernelSide:
     def outstanding(self) -> Iterator[tuple[int, int, int, Origin, int, bool]]:
         """Every outstanding region, both halves: (pid, start, end, origin, t_born, kernel_owned). The origin
         is the interned one of the call site (its own t_born is 0): the region's birth is ``t_born``."""
+        return self._outstanding_rows(self._reconciled_scan())
+
+    def outstanding_totals(self) -> Iterator[tuple[int, Origin, int, int]]:
+        """(pid, interned origin, bytes, regions) per call site outstanding, both halves: a snapshot's sums,
+        reconciled as :meth:`outstanding` is."""
+        kmap = self._reconciled_scan()
+        korigins = self._korigins
+        for tgid, kr in kmap.items():
+            for o, nbytes, n in sum_by_origin(kr.oids, kr.starts, kr.ends, korigins):
+                yield tgid, o, nbytes, n
+        for pid, sp in list(self.ledger.spaces.items()):
+            for o, nbytes, n in sp.totals():
+                yield pid, o, nbytes, n
+
+    def _reconciled_scan(self) -> dict[int, KernelRegions]:
+        """The kernel regions now, with the ledger's pieces under regions the kernel saw born since the last
+        look removed (a seed taken after attach, or a stale piece: the kernel's is the truth)."""
         kmap = self.scan()
         prev = self._seen_kernel
         for tgid, kr in kmap.items():
             sp = self.ledger.spaces.get(tgid)
             if sp is None or not len(sp):
                 continue
-            was = prev.get(tgid)
-            for start, end, seq in zip(kr.starts, kr.ends, kr.seqs, strict=True):
-                if was is None or not was.seen(start, seq):
-                    # A region the kernel saw born after whatever the ledger holds there (a seed taken
-                    # after attach, or a stale piece): the kernel's is the truth.
-                    sp.remove(start, end)
+            for j in _unseen(prev.get(tgid), kr):
+                sp.remove(kr.starts[j], kr.ends[j])
         # Keep only what the next snapshot compares with.
         self._seen_kernel = {t: KernelRegions(kr.starts, array("Q"), kr.seqs, array("I"), array("Q"))
                              for t, kr in kmap.items()}
         self.kernel_count = sum(len(kr) for kr in kmap.values())
-        return self._outstanding_rows(kmap)
+        return kmap
 
     def _outstanding_rows(self, kmap: dict[int, KernelRegions]) -> Iterator[tuple[int, int, int, Origin, int, bool]]:
         korigins = self._korigins

@@ -112,14 +112,14 @@ class SnapshotRows:
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
         sites: dict[tuple[int, int, int, int, str], int] = defaultdict(int)  # (pid, site, ip, stack_id, kind)
-        for pid, start, end, o, _t, _k in self.kernel.outstanding():
+        for pid, o, nbytes, n in self.kernel.outstanding_totals():
             if not o.counted:
                 continue
             g = groups[(pid, self.libraries.of(pid, o), o.kind)]
-            g[0] += end - start
-            g[1] += 1
+            g[0] += nbytes
+            g[1] += n
             if not o.preexisting and o.site:
-                sites[(pid, o.site, o.ip, o.stack_id, o.kind)] += end - start
+                sites[(pid, o.site, o.ip, o.stack_id, o.kind)] += nbytes
         rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
                 for (pid, lib, kind), (b, n) in sorted(groups.items())]
         self.ctx.session.append("ledger_snapshots", rows)
