@@ -113,7 +113,7 @@ class MetricsProbe:
             self.ctx.session.append("metrics", [
                 {"t": t, "url": shown, "instance": inst, "name": n,
                  "labels": json.dumps(lb, sort_keys=True), "value": v}
-                for n, lb, v in samples if _keep(n)])
+                for n, lb, v in samples])  # parsed with keep=_keep: only those
             self.ctx.live.metrics_requests = {redact_url(u): s.get("requests") for u, s in self.last.items()}
 
     def tick(self, now: float) -> None:

@@ -41,7 +41,6 @@ class KernelRegions:
         return bisect.bisect_right(self.maxend, a)
 
 
-
 def _unseen(was: KernelRegions | None, kr: KernelRegions) -> list[int]:
     """Indexes of the regions of ``kr`` not in ``was`` with the same start and birth (both sorted by start)."""
     if was is None or not len(was):
