@@ -12,11 +12,14 @@ import sys
 import threading
 import time
 
+import pytest
 from conftest import LEAKTRACE, REPO, wait_for
 
 from leaktrace.hunt import run_hunt
 from leaktrace.probes import HuntOptions
 from leaktrace.probes.pyheap import PyHeapProbe
+from leaktrace.probes.pyheap_read import Interpreter, locate
+from leaktrace.probes.pyheap_worker import WalkerGone, WalkerProcess
 from leaktrace.session import SessionReader
 
 BIG = """
@@ -128,3 +131,29 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_cancel_ends_the_walk_and_keeps_the_frozen_set(spawn) -> None:
+    """The hunt's stop cancels a walk under way (its answer would be dropped, and the stop's own walks would
+    queue behind it for its whole budget); the worker and its walk of each frozen set stay for those."""
+    p = spawn([sys.executable, "-c", BIG.replace("600000", "1500000")])
+    where = locate(p.pid)
+    assert isinstance(where, Interpreter), where
+    w = WalkerProcess()
+    try:
+        first = w.walk(p.pid, where, budget=60)
+        assert first["frozen"] >= 1_500_000 and first["frozen_walked"] is True, first
+        given_up = threading.Event()
+        threading.Timer(0.05, given_up.set).start()
+        with pytest.raises(WalkerGone):  # the frozen set walked again: 1.5M objects, ~1 s at least
+            w.walk(p.pid, where, budget=60, stop=given_up, frozen_max_age=0)
+        assert w.busy()
+        starts = w.starts
+        w.cancel()
+        again = w.walk(p.pid, where, budget=60, frozen_max_age=1e9)
+        assert w.dropped is not None and w.dropped["ok"]["frozen"] == -1, w.dropped  # cut short, not finished
+        # the same worker, and the frozen set's walk from before the cancelled one kept
+        assert w.starts == starts and again["frozen_walked"] is False and again["frozen"] == first["frozen"], again
+        assert not w.busy()
+    finally:
+        w.close()

@@ -184,13 +184,12 @@ class PyHeapProbe:
         due = [pid for pid in self.ctx.targets.live() if pid in self._where and self._walk_due(pid, now)]
         return min(due, key=lambda pid: self._walked.get(pid, (float("-inf"), 0.0))[0], default=None)
 
-    def _sample(self, mode: str) -> None:
+    def _sample(self, mode: str, stop_by: float = 0.0) -> None:
         """``counters`` (every tick), ``due`` (the walks due, from the walker thread) or ``all`` (a walk
-        of every process: at stop)."""
+        of every process, until ``stop_by``: at stop)."""
         assert self.ctx is not None
         session = self.ctx.session
         rows, type_rows = [], []
-        stop_by = time.monotonic() + self.STOP_WAIT_S  # mode "all": the walks at stop, all together
         pids = self.ctx.targets.live()
         if mode == "due":
             one = self._next_due(session.now())
@@ -280,6 +279,11 @@ class PyHeapProbe:
             except WalkerGone as e:
                 if mode == "due" and self._stop.is_set():
                     return None  # the stop came during the walk: its answer is dropped, the worker kept
+                if mode == "all":
+                    # the stop's time ran out: a fresh worker would walk every frozen set again from nothing
+                    self._walker_fails = self.MAX_WALKER_FAILS
+                    self.walker.close()
+                    return None
                 self._walker_fails += 1
                 self.walker.close()  # a fresh one next time
                 if self._walker_fails == 1 or self._walker_fails == self.MAX_WALKER_FAILS:
@@ -293,14 +297,19 @@ class PyHeapProbe:
         self._sample("counters")
 
     def stop(self) -> None:
+        stop_by = time.monotonic() + self.STOP_WAIT_S  # the thread's end and the last walks, all together
         self._stop.set()
+        if self.walker is not None:
+            self.walker.cancel()  # a walk under way would hold the worker (and the walks below) for its budget
         if self._thread is not None:
-            self._thread.join(timeout=10)  # a walk sees the stop within 0.2 s; a locate may run gdb
+            self._thread.join(timeout=self.STOP_WAIT_S)  # a walk sees the stop within 0.2 s; a locate may run gdb
+        if self.walker is not None:
+            self.walker.cancel()  # one the thread asked for between the first cancel and seeing the stop
         if self.walker is not None and self.walker.spawned_in is self._thread:
             self.walker.close()  # started again by the walker thread, which ended: a fresh one for the last walks
         try:
             if self.ctx is not None:
-                self._sample("all")
+                self._sample("all", stop_by)
         finally:
             if self.walker is not None:
                 self.walker.close()

@@ -174,7 +174,9 @@ def read_python_heap(pid: int, walk: bool = True, types_too: bool = True,
             else:
                 out["frozen"] = walk_retry(mem, perm, stops, frozen_types, deadline=deadline)
                 if frozen_cache is not None:
-                    frozen_cache.clear()
+                    # a walk cut short (its budget, a cancel) leaves a walk of the same set in place
+                    if out["frozen"] >= 0 or kept.get("ends") != ends:
+                        frozen_cache.clear()
                     if out["frozen"] >= 0:
                         frozen_cache.update(ends=ends, n=out["frozen"], types=dict(frozen_types),
                                             at=time.monotonic())

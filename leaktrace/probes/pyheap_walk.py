@@ -42,6 +42,15 @@ PAGE = 4096
 MAX_RESYNCS = 10_000
 PAGES_KEPT = 256  # 1 MiB of the target's memory cached during one walk
 TYPES_KEPT = 200  # per walk: the most numerous types are written (``pyheap_types``), the rest summed up
+# The walk under way gives up at its next deadline check once CANCEL_SIGNAL came (the hunt's stop: its
+# answer would be dropped, and the stop's own walks queue behind it). Cleared by each new request.
+CANCEL_SIGNAL = signal.SIGUSR1
+_cancelled = False
+
+
+def _cancel(_signum: int, _frame: Any) -> None:
+    global _cancelled  # noqa: PLW0603
+    _cancelled = True
 
 
 def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(),
@@ -74,7 +83,7 @@ def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(
         if not steps % YIELD_EVERY:
             if YIELD_GIL:
                 time.sleep(0.0002)  # let the hunt's other threads run (see YIELD_EVERY)
-            if deadline is not None and time.monotonic() > deadline:
+            if _cancelled or (deadline is not None and time.monotonic() > deadline):
                 return -1
         off = node & offset_mask
         base = node - off
@@ -130,7 +139,7 @@ def walk_retry(mem: ProcMem, head: int, stops: set[int], types: dict[int, int], 
     n = -1
     for _ in range(tries):
         n = _walk(mem, head, stops, types, deadline)
-        if n >= 0 or (deadline is not None and time.monotonic() > deadline):
+        if n >= 0 or _cancelled or (deadline is not None and time.monotonic() > deadline):
             break
     return n
 
@@ -185,6 +194,7 @@ def serve(requests: Any, answer: Any) -> None:
     → ``{"id", "ok": read_python_heap(...), "cpu_s"}`` (``types`` as {name: [objects, frozen]}) or ``{"id",
     "error": exception class, "msg"}``; ``{"forget": pid}`` drops what is kept of a process. Ends at
     the end of ``requests``."""
+    global _cancelled  # noqa: PLW0603
     from leaktrace.probes.pyheap_read import FROZEN_REWALK_S, Interpreter, read_python_heap
 
     frozen: dict[int, dict[str, Any]] = {}  # pid -> its frozen set's last walk (read_python_heap's cache)
@@ -197,6 +207,7 @@ def serve(requests: Any, answer: Any) -> None:
             frozen.pop(int(req["forget"]), None)
             continue
         rid, pid = req.get("id"), int(req["pid"])
+        _cancelled = False  # a cancel meant the walk before this request
         c0 = time.process_time()
         try:
             st = read_python_heap(pid, walk=True, where=Interpreter(**req["where"]),
@@ -224,6 +235,7 @@ def worker_main(argv: list[str]) -> int:
     except OSError:
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the hunt's terminal: the hunt stops it
+    signal.signal(CANCEL_SIGNAL, _cancel)
     sys.stdout.write('{"ready":true}\n')
     sys.stdout.flush()
     serve(sys.stdin, sys.stdout)

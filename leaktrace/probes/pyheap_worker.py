@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from leaktrace.errors import LeaktraceError, ProcessGone
+from leaktrace.probes import pyheap_walk
 from leaktrace.sched import helper_group
 
 if TYPE_CHECKING:
@@ -40,8 +41,10 @@ class WalkerProcess:
         self._buf = bytearray()
         self._ready = False
         self._next_id = 0
+        self._answered = 0  # the id of the last answer read: below _next_id, a walk is under way
         self.lock = threading.Lock()
         self.starts = 0
+        self.dropped: dict[str, Any] | None = None  # the last answer that came after it was given up on
         self.spawned_in: threading.Thread | None = None
 
     def spawn(self) -> None:
@@ -58,6 +61,7 @@ class WalkerProcess:
         helper_group(self.proc.pid, 0)  # a walk is heavy: never at the hunt's raised weight
         self._buf.clear()
         self._ready = False
+        self._answered = self._next_id
         self.starts += 1
         self.spawned_in = threading.current_thread()  # its PR_SET_PDEATHSIG fires when this thread ends
 
@@ -80,7 +84,10 @@ class WalkerProcess:
         i = self._buf.index(b"\n")
         line = bytes(self._buf[:i])
         del self._buf[:i + 1]
-        return json.loads(line)
+        msg = json.loads(line)
+        if isinstance(msg.get("id"), int):
+            self._answered = msg["id"]
+        return msg
 
     def _send(self, msg: dict[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None
@@ -100,7 +107,7 @@ class WalkerProcess:
         if not self.alive():
             self.spawn()
         if not self._ready:
-            hello = self._line(time.monotonic() + self.READY_S, stop)
+            hello = self._line(time.monotonic() + (self.READY_S if wait is None else min(wait, self.READY_S)), stop)
             if not hello.get("ready"):
                 raise WalkerGone(f"the walker process said {hello!r}")
             self._ready = True
@@ -114,7 +121,8 @@ class WalkerProcess:
         while True:
             ans = self._line(deadline, stop)
             if ans.get("id") == rid:
-                break  # earlier ids: answers given up on (stop, timeout), dropped
+                break
+            self.dropped = ans  # earlier ids: answers given up on (stop, timeout, cancel)
         if "ok" in ans:
             st = ans["ok"]
             if "cpu_s" in ans:
@@ -130,6 +138,19 @@ class WalkerProcess:
         if err in ("ValueError", "KeyError", "error"):
             raise ValueError(msg)
         raise WalkerGone(f"walk of pid {pid} failed in the walker process: {err}: {msg}")
+
+    def busy(self) -> bool:
+        """A walk was asked and its answer not read (given up on: it still runs in the worker)."""
+        return self.alive() and self._answered < self._next_id
+
+    def cancel(self) -> None:
+        """The walk under way gives up at once (pyheap_walk.CANCEL_SIGNAL); the worker and what it keeps of
+        each target's frozen set stay. Its answer, when read, is dropped by its id."""
+        if self.busy() and self.proc is not None:
+            try:
+                os.kill(self.proc.pid, pyheap_walk.CANCEL_SIGNAL)
+            except OSError:
+                pass
 
     def forget(self, pid: int) -> None:
         if self.alive() and self._ready:
