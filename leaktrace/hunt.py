@@ -241,7 +241,7 @@ def _tick_until_stopped(started: list[Probe], ctx: HuntContext, flag: _StopFlag,
     """The main loop: every probe ticks once per interval until the deadline, a signal or the end of
     every target. Returns the stop reason."""
     session, options = ctx.session, ctx.options
-    t_end = (session.meta.get("attach_s") or 0.0) + options.duration
+    t_end = ctx.window_end = (session.meta.get("attach_s") or 0.0) + options.duration
     next_tick = session.now()
     while True:
         now = session.now()

@@ -61,6 +61,21 @@ def test_full_smaps_skipped_where_nothing_moved(spawn, leaker_bin, tmp_path) -> 
     assert set(attach) == set(rdr.meta["probes"]) and all(v >= 0 for v in attach.values()), attach
 
 
+def test_no_full_read_in_the_window_last_tick(spawn, leaker_bin, tmp_path) -> None:
+    """The stop reads every process in full: the ticks within one interval of the window's end do not (a full
+    read there waits behind the target's mmap/munmap and only makes the end later)."""
+    grower = spawn([leaker_bin, "--leak-kib-per-s", "4096"])
+    out = tmp_path / "h"
+    run_hunt([grower.pid], HuntOptions(duration=4, interval=0.5, smaps_every=1, bpf=False, gdb=False,
+                                       pyheap=False, live=False), out, write_reports=False)
+    rdr = SessionReader(out)
+    window_end = float(rdr.meta["attach_s"]) + 4
+    reads = sorted(rdr.table("class_usage").groupby("t").size().index)
+    # a full read at every tick before, as it grew 2 MiB a tick; after the window's end only the stop's
+    assert len(reads) >= 5, reads
+    assert len([t for t in reads if t >= window_end]) == 1, (window_end, reads)
+
+
 def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
     targets = [spawn([sys.executable, "-c", PY_TARGET]) for _ in range(3)]
     out = tmp_path / "h"

@@ -143,6 +143,7 @@ class HuntContext:
     # Set by the hunt once every probe has started (the eBPF program compiled and tracing): work that can wait
     # (heap walks) waits for it, so none of it competes with the compile on a node whose cores serve.
     attached: threading.Event = field(default_factory=threading.Event)
+    window_end: float = float("inf")  # session time at which the hunt's window ends (set by its main loop)
 
     def warn(self, msg: str) -> None:
         # Bounded: a probe that warns every tick of a day-long hunt must not grow leaktrace itself.

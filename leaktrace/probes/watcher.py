@@ -201,6 +201,10 @@ class WatcherProbe:
         k = self._ticks
         self._ticks += 1
         rows = []
+        # The stop reads every process in full: a due full read this close to the window's end would only
+        # make the hunt's end later (a full read waits behind the target's own mmap/munmap: seconds on a
+        # loaded node). A process seen for the first time is still read.
+        closing = now + self.ctx.options.interval > self.ctx.window_end
         for pid in self.ctx.targets.live():
             try:
                 mapped, r = self._rollup(pid)
@@ -217,7 +221,7 @@ class WatcherProbe:
             # seen): 8 vLLM processes read on the same tick make it seconds long and the next ticks late.
             first = pid not in self._slots
             slot = self._slots.setdefault(pid, len(self._slots) % self.smaps_every)
-            if first or (k + slot) % self.smaps_every == 0:
+            if first or ((k + slot) % self.smaps_every == 0 and not closing):
                 figures = (mapped, r.get("Rss", 0), r.get("Anonymous", 0), r.get("Swap", 0))
                 if not self._full_needed(pid, figures):
                     self.smaps_skipped += 1
