@@ -33,10 +33,11 @@ SITE_TRIGGER_TICKS = 3
 SITE_TRIGGER_BYTES = 1 << 20
 MAPPING_KINDS = ("anon", "file", "shm")  # sites whose call returns the address it mapped (joined by address)
 # A process due on growth with no growing call site: gdb reads all its libraries' symbols before it stops
-# anywhere, at about this rate on a loaded node (a vLLM worker's ~1 GB of code files: 50-70 s on 2 busy cores).
+# anywhere, at about this rate on a loaded node (gdb runs in the helpers' low-weight group: a vLLM worker's ~1 GB
+# of code files took 50-70 s on 2 busy cores, an API server's ~700 MB more than 63 s and 9.5 s of CPU).
 # With less of the hunt left than its read would take, the stop would cut the read before any stack, its CPU
 # spent beside the serving for nothing: the process is not sampled.
-FULL_READ_BYTES_PER_S = 20 << 20
+FULL_READ_BYTES_PER_S = 10 << 20
 
 
 class GdbProbe:
