@@ -74,7 +74,10 @@ class PyHeapProbe:
     WALK_BUDGET_S = 120.0  # a walk in the walker process: it delays nothing of the hunt, and a niced walk of
     # ~700k objects takes 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine
     # (bench_pyheap_ticklag)
-    STOP_WAIT_S = 8.0  # the walks at stop, all processes together (then the counters for the rest)
+    # The walks at stop, all processes together, those never walked first (then the counters for the rest; a
+    # process walked during the hunt keeps its last walk): the longest of the probes' stops, which the hunt's
+    # end waits for.
+    STOP_WAIT_S = 5.0
     MAX_WALKER_FAILS = 3  # walker processes that did not answer, in a row: the walks stop (counters go on)
 
     def __init__(self, options: HuntOptions) -> None:
