@@ -109,9 +109,11 @@ def describe_target(pid: int) -> dict[str, Any]:
 def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
              log: Callable[[str], None] = lambda s: None, meta: dict[str, Any] | None = None,
              stop: threading.Event | None = None, write_reports: bool = True,
-             on_tick: Callable[[HuntContext, float], None] | None = None, replace: bool = False) -> HuntResult:
+             on_tick: Callable[[HuntContext, float], None] | None = None, replace: bool = False,
+             report_formats: tuple[str, ...] | None = None) -> HuntResult:
     """Hunt the trees rooted at ``pids`` into the session directory ``out``. ``replace``: an ``out``
-    that holds a session is replaced (atomically, see SessionWriter) instead of refused."""
+    that holds a session is replaced (atomically, see SessionWriter) instead of refused. ``write_reports``:
+    the report rendered in ``report_formats`` (None: every format)."""
     out = outdir.absolute(out)  # callers other than the CLI may pass a relative path
     pids = list(dict.fromkeys(pids))
     for pid in pids:
@@ -164,7 +166,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
         if write_reports:
             from leaktrace.report import render_session
 
-            report = render_session(out)
+            report = render_session(out) if report_formats is None else render_session(out, report_formats)
     finally:
         # The report is the hunt's last step and renders at its priority: on a node whose cores serve, an even
         # share with the busy threads there stretched its ~4 s of CPU to ~20 s after the stop.

@@ -78,7 +78,6 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
     """
     from leaktrace.hunt import run_hunt
     from leaktrace.probes import HuntOptions
-    from leaktrace.report import render_session
 
     if not pids and not vllm:
         raise UsageError("nothing to hunt: give --pid PID (repeatable) or --vllm")
@@ -111,8 +110,10 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
 
     # Absolute before any probe loads (libbcc moves the working directory while it compiles).
     with output_dir(out, prefix="leaktrace", force=force) as out_dir, live_view(options, log, quiet=quiet) as on_tick:
-        result = run_hunt(roots, options, out_dir, log=log, write_reports=False, on_tick=on_tick, replace=force)
-    report = render_session(out_dir, formats=formats)
+        # The report is rendered by run_hunt: still at the hunt's priority (see there).
+        result = run_hunt(roots, options, out_dir, log=log, on_tick=on_tick, replace=force, report_formats=formats)
+    report = result.report
+    assert report is not None
     if result.warnings:
         click.echo(f"{len(result.warnings)} warning(s); see {out_dir / 'meta.json'}", err=True)
     top = report["culprits"][0] if report["culprits"] else None
