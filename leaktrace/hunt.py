@@ -164,9 +164,9 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
         log(f"hunt stopped: {stop_reason} after {duration:.1f}s")
         report = None
         if write_reports:
-            from leaktrace.report import render_session
+            from leaktrace.report import FORMATS, render_session
 
-            report = render_session(out) if report_formats is None else render_session(out, report_formats)
+            report = render_session(out, FORMATS if report_formats is None else report_formats)
     finally:
         # The report is the hunt's last step and renders at its priority: on a node whose cores serve, an even
         # share with the busy threads there stretched its ~4 s of CPU to ~20 s after the stop.

@@ -283,9 +283,9 @@ class PyHeapProbe:
                 if mode == "due" and self._stop.is_set():
                     return None  # the stop came during the walk: its answer is dropped, the worker kept
                 if mode == "all":
-                    # the stop's time ran out: a fresh worker would walk every frozen set again from nothing
+                    # the stop's time ran out: a fresh worker would walk every frozen set again from nothing (the
+                    # stop closes this one)
                     self._walker_fails = self.MAX_WALKER_FAILS
-                    self.walker.close()
                     return None
                 self._walker_fails += 1
                 self.walker.close()  # a fresh one next time
