@@ -169,6 +169,12 @@ class GdbProbe:
             return pid
 
     def _loop(self) -> None:
+        # Not before every probe is live: a stack taken while the eBPF program still compiles is of a mapping the
+        # ledger seeds as pre-existing (never joined to its culprit), and gdb's symbol read would compete with
+        # the compile for the node's CPU.
+        while not self.ctx.attached.wait(0.25):
+            if self._stop.is_set():
+                return
         while not self._stop.is_set():
             pid = self.next_due()
             if pid is None:
