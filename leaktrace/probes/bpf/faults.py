@@ -27,6 +27,7 @@ Session tables written (``t`` = seconds since hunt start):
 
 from __future__ import annotations
 
+import bisect
 import ctypes as ct
 import errno
 import os
@@ -65,7 +66,8 @@ class FaultSites:
         self._vmflags: dict[tuple[int, int], str] = {}  # (pid, region start) -> VmFlags
         self._symbols: dict[tuple[int, int], str] = {}  # (pid, toucher address) -> its frame as text
         self._buf: tuple[Any, Any, int] | None = None  # keys and counts taken from the kernel, reused per tick
-        self._read_this_tick: dict[int, list[tuple[int, int, str]]] = {}  # pid -> this tick's smaps VmFlags
+        self._entries: dict[int, list[tuple[int, int, str]]] = {}  # pid -> (start, end, VmFlags) of its last smaps
+        self._read_this_tick: set[int] = set()  # pids whose smaps was read this tick
 
     def learn(self, e: WindowEvent) -> None:
         """A window of the first fault of (pid, ip, site): the code that touched the page."""
@@ -86,6 +88,7 @@ class FaultSites:
     def forget(self, pid: int) -> None:
         self._callers = {k: v for k, v in self._callers.items() if k[0] != pid}
         self._vmflags = {k: v for k, v in self._vmflags.items() if k[0] != pid}
+        self._entries.pop(pid, None)
         self._symbols = {k: v for k, v in self._symbols.items() if k[0] != pid}
 
     # ------------------------------------------------------------------ per tick
@@ -135,7 +138,7 @@ class FaultSites:
     def rows(self, t: float) -> list[dict[str, Any]]:
         """``fault_sites`` rows of the counts taken now (see the module doc): per region mapped before attach,
         and otherwise per toucher, with the span of the buckets its faults fell in."""
-        self._read_this_tick = {}
+        self._read_this_tick = set()
         groups: dict[tuple[int, int, int, int], list[int]] = {}  # (pid, ip, site, region start) -> faults, lo, hi
         for k, n in self.take_counts():
             a = k.bucket << FAULT_BUCKET_SHIFT
@@ -192,19 +195,32 @@ class FaultSites:
         return None
 
     def _flags(self, pid: int, start: int) -> str:
-        """The VmFlags of the region at ``start``: every region's of ``pid`` from one smaps read, at most once
-        a tick (a torch process's smaps is thousands of entries; one read per region stalled the tick)."""
+        """The VmFlags of the region at ``start``, from ``pid``'s last smaps read: a region mapped before attach
+        is in every read since, so one read per process serves its regions until one is missing from it (then
+        at most one read a tick). A torch process's smaps is thousands of entries: one read per region stalled
+        the tick, and one per new region still cost ~1 s of a 90 s hunt on a loaded P/D pair."""
         hit = self._vmflags.get((pid, start))
         if hit is None:
-            entries = self._read_this_tick.get(pid)
-            if entries is None:
+            entries = self._entries.get(pid)
+            hit = _containing(entries, start) if entries is not None else None
+            if hit is None and pid not in self._read_this_tick:
+                self._read_this_tick.add(pid)
                 try:
                     entries = parse_smaps_vmflags(procfs.read_proc_text(pid, "smaps"))
                 except (ProcessGone, AccessDenied, OSError):
                     entries = []
-                self._read_this_tick[pid] = entries
-            hit = self._vmflags[(pid, start)] = next((f for lo, hi, f in entries if lo <= start < hi), "")
+                self._entries[pid] = entries = sorted(entries)
+                hit = _containing(entries, start)
+            hit = self._vmflags[(pid, start)] = hit or ""
         return hit
+
+
+def _containing(entries: list[tuple[int, int, str]], a: int) -> str | None:
+    """The flags of the entry (sorted by start) that holds ``a``; None when none does."""
+    i = bisect.bisect_right(entries, (a, float("inf"))) - 1
+    if i >= 0 and entries[i][0] <= a < entries[i][1]:
+        return entries[i][2]
+    return None
 
 
 def _size(path: str) -> int:
