@@ -64,6 +64,11 @@ from leaktrace.probes.bpf.sysvshm import ShmSizer
 # Events applied per drain: ~20 ms of Python work at the rates bench_bpf measures, so the lock (and the
 # tick behind it) is never held long.
 MAX_BATCH = 8192
+# Seconds between two drains of the ring when the last batch was not full. Each drain that finds events
+# reads the kernel's region table once, whatever the batch's size: at 0.05 s a loaded P/D pair (a few
+# hundred traced calls a second) made 20 small batches a second. The ring holds ~280,000 records
+# (LT_RING_PAGES), over a second of the bench_bpf storm, and a full batch is drained again at once.
+POLL_INTERVAL_S = 0.25
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
@@ -71,7 +76,7 @@ MAX_BATCH = 8192
 class BpfProbe:
     name = "bpf"
 
-    def __init__(self, options: HuntOptions | None = None, poll_interval: float = 0.05,
+    def __init__(self, options: HuntOptions | None = None, poll_interval: float = POLL_INTERVAL_S,
                  defines: dict[str, int] | None = None) -> None:
         # BPF is on by default but optional: unavailable, the hunt warns and goes on with the watcher,
         # unless the user asked for it explicitly (options.bpf_required).
