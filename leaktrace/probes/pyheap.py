@@ -66,8 +66,9 @@ class PyHeapProbe:
     # All processes together: the walker's CPU seconds at most this share of one core (a node serving vLLM
     # has 8 Python processes: per-process duty alone would let the walks take 0.16 of a core). One walk at a
     # time, the process walked longest ago first, the first one FIRST_WALK_S after attach: the walks are
-    # spread over the hunt, none delays its start.
-    TOTAL_WALK_DUTY = 0.03
+    # spread over the hunt, none delays its start. The same share as one process's WALK_DUTY: a lone target
+    # is walked as often as before, and on a P/D node the walker stays a fifth of the hunt's 0.10 core.
+    TOTAL_WALK_DUTY = 0.02
     FIRST_WALK_S = 1.0
     LOCATE_RETRY_S = 5.0  # a process whose interpreter was not found (not up yet, an exec) is looked at again
     IN_PROCESS = False
