@@ -13,6 +13,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntOptions, RereadingProbe
+from leaktrace.procfs.parsers import parse_maps
 from leaktrace.vllm import ucx
 
 _COMPARED = ("hooks_active", "hook_mode", "rcache_max_unreleased", "rcache_enable", "ucx_libs")
@@ -36,7 +37,11 @@ class UcxStateProbe(RereadingProbe):
             if not force and self._ticks % self.every and (pid in self.last or pid in self.without_ucx):
                 continue  # known: look again every `every` ticks (UCX may be dlopen'ed later)
             try:
-                maps = procfs.read_maps(pid)
+                text = procfs.read_proc_text(pid, "maps")
+                # Most targets never map UCX (API servers, engine cores): their text is searched for the
+                # libraries' common prefix, not parsed (thousands of mappings each; the parse costs twice the
+                # read, and a regular expression over the whole text more than the parse).
+                maps = parse_maps(text) if "/libuc" in text else []
                 if not any(m.path and ucx.UCX_LIB_RE.search(m.path) for m in maps):
                     self.without_ucx[pid] = self._ticks
                     continue
