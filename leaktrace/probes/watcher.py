@@ -92,24 +92,27 @@ class WatcherProbe:
         assert self.ctx is not None
         ts = self.ctx.targets
         found: dict[int, int] = {}
+        kids: dict[int, list[int]] | None = None  # one pass over /proc a tick, for every root
         for root in ts.roots:
             if root in self._dead_roots or not self._same_process(root):
                 self._dead_roots.add(root)
                 continue
-            try:
-                p = psutil.Process(root)
-                if p.status() != psutil.STATUS_ZOMBIE:  # a zombie's memory is already released
-                    found[root] = p.ppid()
-                for c in p.children(recursive=True):
-                    try:
-                        if c.status() != psutil.STATUS_ZOMBIE:
-                            found[c.pid] = c.ppid()
-                    except psutil.NoSuchProcess:
-                        pass
-            except psutil.NoSuchProcess:
-                continue
-            except psutil.AccessDenied:
-                found.setdefault(root, 0)
+            if kids is None:
+                kids = procfs.children_map()
+            stack = [root]
+            while stack:
+                pid = stack.pop()
+                try:
+                    st = procfs.read_stat(pid)
+                except AccessDenied:
+                    if pid == root:
+                        found.setdefault(root, 0)
+                    continue
+                except (ProcessGone, procfs.ParseError, IndexError, ValueError):
+                    continue
+                if st["state"] != "Z":  # a zombie's memory is already released
+                    found[pid] = int(st["ppid"])  # type: ignore[call-overload]
+                stack.extend(k for k in kids.get(pid, ()) if k not in found)
         # Also keep children the bpf probe added (found in the kernel before we saw them here).
         with ts.lock:
             known = dict(ts.pids)
