@@ -76,13 +76,22 @@ def hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, sm
       leaktrace hunt --pid 4242 --duration 120 --out hunt1
       leaktrace hunt --vllm --duration 300 --metrics http://127.0.0.1:8000/metrics
     """
-    from leaktrace.hunt import run_hunt
-    from leaktrace.probes import HuntOptions
-
     if not pids and not vllm:
         raise UsageError("nothing to hunt: give --pid PID (repeatable) or --vllm")
     if duration <= 0 or interval <= 0:
         raise UsageError("--duration and --interval must be positive")
+    _hunt(pids, vllm, duration, interval, smaps_every, out, force, gdb_samples, gdb_seconds, gdb_pause_pct,
+          metrics_urls, no_bpf, no_gdb, pyheap, nice, prometheus_port, prometheus_addr, live, formats, quiet)
+
+
+def _hunt(pids: tuple[int, ...], vllm: bool, duration: float, interval: float, smaps_every: int, out: str | None,
+          force: bool, gdb_samples: int | None, gdb_seconds: float | None, gdb_pause_pct: float | None,
+          metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool, nice: int,
+          prometheus_port: int | None, prometheus_addr: str, live: bool | None, formats: tuple[str, ...],
+          quiet: bool) -> None:
+    from leaktrace.hunt import run_hunt
+    from leaktrace.probes import HuntOptions
+
     options = HuntOptions(duration=duration, interval=interval, smaps_every=max(1, smaps_every),
                           bpf=not no_bpf, gdb=not no_gdb, gdb_samples=gdb_samples, vllm=vllm,
                           metrics_urls=list(metrics_urls), pyheap=pyheap, prometheus_port=prometheus_port,
