@@ -110,10 +110,11 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
              log: Callable[[str], None] = lambda s: None, meta: dict[str, Any] | None = None,
              stop: threading.Event | None = None, write_reports: bool = True,
              on_tick: Callable[[HuntContext, float], None] | None = None, replace: bool = False,
-             report_formats: tuple[str, ...] | None = None) -> HuntResult:
+             report_formats: tuple[str, ...] | None = None, priority: HuntPriority | None = None) -> HuntResult:
     """Hunt the trees rooted at ``pids`` into the session directory ``out``. ``replace``: an ``out``
     that holds a session is replaced (atomically, see SessionWriter) instead of refused. ``write_reports``:
-    the report rendered in ``report_formats`` (None: every format)."""
+    the report rendered in ``report_formats`` (None: every format). ``priority``: already raised by the
+    caller, who restores it (the CLI raises it before its imports); else raised and restored here."""
     out = outdir.absolute(out)  # callers other than the CLI may pass a relative path
     pids = list(dict.fromkeys(pids))
     for pid in pids:
@@ -130,8 +131,11 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     flag = _StopFlag()
     flag.install()
     # Before any probe starts a thread or a helper: they inherit it.
-    priority = HuntPriority(options.nice)
-    session.update_meta(scheduling=priority.raise_())
+    own_priority = priority is None
+    if priority is None:
+        priority = HuntPriority(options.nice)
+        priority.raise_()
+    session.update_meta(scheduling=priority.done)
     if stop is not None:
         # An external stop (the demo, a Ray task) joins the signal flag.
         threading.Thread(target=lambda: (stop.wait(), flag.event.set()), daemon=True).start()
@@ -170,7 +174,8 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
     finally:
         # The report is the hunt's last step and renders at its priority: on a node whose cores serve, an even
         # share with the busy threads there stretched its ~4 s of CPU to ~20 s after the stop.
-        priority.restore()
+        if own_priority:
+            priority.restore()
     return HuntResult(out, stop_reason, duration, report, ctx.warnings)
 
 
