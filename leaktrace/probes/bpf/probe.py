@@ -1,20 +1,18 @@
 """The eBPF probe: every mmap/munmap/mremap/brk of the target process tree, an exact outstanding ledger.
 
 Kernel half: bpf/leaktrace.bpf.c (see its header comment). It settles plain mmap + exact munmap/mremap
-pairs in an address-keyed map and hands the rest to user space as slow-path events. This probe
-drains those events every 50 ms, applies them in order to the interval ledger (ledger.py),
-moving kernel-owned regions into the ledger when a slow event touches them ("absorbing" them, in
-timestamp order so a region born after an unmap is never blamed on it), and once per tick writes
-per-library totals over both halves.
+pairs in an address-keyed map and hands the rest to user space as slow-path events. This probe drains
+those events every POLL_INTERVAL_S, applies them in order to the interval ledger (ledger.py), moving
+kernel-owned regions into the ledger when a slow event touches them ("absorbing" them, in timestamp order
+so a region born after an unmap is never blamed on it), and once per tick writes per-library totals.
 
 The probe composes objects it owns, each given what it uses at construction: the ledger and the
 symbolizer; :class:`~.origins.GrowthOrigins` (heap growth's callers, from stack windows);
 :class:`~.kernel.KernelSide` (the loaded program, its ring and maps, the kernel-owned regions);
 :class:`~.hookpaths.HookPaths` (memory hooks' paths, learned and written to the kernel's maps);
 :class:`~.snapshots.LibraryNames` and, from ``start``, :class:`~.snapshots.SnapshotRows` (the session
-rows). The probe keeps the lifecycle, the lock, the event queue and the order events are applied in.
-
-The session tables it writes are listed in :mod:`.snapshots`.
+rows, whose tables :mod:`.snapshots` lists). The probe keeps the lifecycle, the lock, the event queue
+and the order events are applied in.
 """
 
 from __future__ import annotations
@@ -61,13 +59,10 @@ from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
 from leaktrace.probes.bpf.stackscan import StackScanner, libc_code, libc_code_of
 from leaktrace.probes.bpf.sysvshm import ShmSizer
 
-# Events applied per drain: ~20 ms of Python work at the rates bench_bpf measures, so the lock (and the
-# tick behind it) is never held long.
+# Events applied per drain: ~20 ms of Python work at bench_bpf's rates, the lock (and the tick) held briefly.
 MAX_BATCH = 8192
-# Seconds between two drains of the ring when the last batch was not full. Each drain that finds events
-# reads the kernel's region table once, whatever the batch's size: at 0.05 s a loaded P/D pair (a few
-# hundred traced calls a second) made 20 small batches a second. The ring holds ~280,000 records
-# (LT_RING_PAGES), over a second of the bench_bpf storm, and a full batch is drained again at once.
+# Seconds between drains when the last batch was not full: each drain with events reads the kernel's region
+# table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
