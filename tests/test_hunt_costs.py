@@ -8,8 +8,10 @@ import sys
 
 from conftest import REPO
 
+from leaktrace.analysis.load import python_heap
 from leaktrace.hunt import run_hunt
 from leaktrace.probes import HuntOptions
+from leaktrace.probes.pyheap import PyHeapProbe
 from leaktrace.sched import HUNT_NICE
 from leaktrace.session import SessionReader
 
@@ -85,14 +87,44 @@ def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
     attach = float(rdr.meta["attach_s"])
     ph = rdr.table("pyheap")
     walks = ph[ph["walk_ms"].notna()].sort_values("t")
-    # every process walked (at stop at the latest), each walk's frozen set the target's own
-    assert set(walks["pid"]) == {t.pid for t in targets}, walks[["t", "pid"]]
+    # walks of the targets only, each walk's frozen set the target's own; the stop walks again only the
+    # processes walked during the hunt (test_stop_walks_only_the_processes_walked_in_the_hunt)
+    during = set(walks.loc[walks["t"] < attach + 8, "pid"])
+    assert during and set(walks["pid"]) == during <= {t.pid for t in targets}, walks[["t", "pid"]]
     assert (walks["frozen"] >= 60000).all(), walks[["t", "pid", "frozen"]]
     starts = walks["t"] - walks["walk_ms"] / 2000  # t: the middle of the walk
     assert (starts >= attach).all(), (attach, list(starts))
     ends = walks["t"] + walks["walk_ms"] / 2000
     # one walk at a time: none starts before the one before it ended (10 ms of stamping slack)
     assert all(s >= e - 0.01 for s, e in zip(starts.iloc[1:], ends.iloc[:-1], strict=True)), walks[["t", "walk_ms"]]
+
+
+
+def test_stop_walks_only_the_processes_walked_in_the_hunt(spawn, tmp_path, monkeypatch) -> None:
+    """At stop a process walked during the hunt is walked again (its frozen set kept: the young lists only),
+    the second point its growth needs; one the hunt never walked gets its counters, not a first walk (one
+    point shows no growth, and a vLLM process's frozen set is ~0.7 s of CPU)."""
+    monkeypatch.setattr(PyHeapProbe, "TOTAL_WALK_DUTY", 1e-4)  # after the first walk the next waits minutes
+    targets = [spawn([sys.executable, "-c", PY_TARGET]) for _ in range(3)]
+    out = tmp_path / "h"
+    run_hunt([t.pid for t in targets], HuntOptions(duration=5, interval=0.5, bpf=False, gdb=False, live=False),
+             out, write_reports=False)
+    rdr = SessionReader(out)
+    window_end = float(rdr.meta["attach_s"]) + 5
+    ph = rdr.table("pyheap")
+    walks = ph[ph["walk_ms"].notna()].sort_values("t")
+    assert walks["pid"].nunique() == 1 and len(walks) == 2, walks[["t", "pid", "walk_ms"]]
+    assert walks["t"].iloc[0] < window_end < walks["t"].iloc[1], (window_end, list(walks["t"]))
+    assert walks["frozen"].iloc[0] == walks["frozen"].iloc[1] >= 60000, walks[["t", "frozen"]]
+    walked = int(walks["pid"].iloc[0])
+    heap = python_heap(rdr)
+    assert heap[walked]["heap_frozen"] is True, heap[walked]
+    for t in targets:
+        if t.pid != walked:
+            rows = ph[ph["pid"] == t.pid]
+            # read to the end (the stop's counters), never walked: the frozen set not counted, not said empty
+            assert rows["t"].max() > window_end and rows["gen2_count"].notna().all(), rows
+            assert rows["frozen"].isna().all() and heap[t.pid]["heap_frozen"] is None, heap[t.pid]
 
 
 def test_compact_smaps_parser_without_vmflags_and_on_garbage() -> None:

@@ -332,7 +332,8 @@ def python_heap(reader: TableSource) -> dict[int, dict[str, Any]]:
         out[int(pid)] = {
             "version": val(last, "version"), "gc_enabled": val(last, "gc_enabled"),
             "frozen": val(last, "frozen"), "frozen_first": val(first, "frozen"),
-            "heap_frozen": bool(val(last, "frozen") or 0),
+            # None: never walked (the frozen set is counted only by a walk of it)
+            "heap_frozen": None if val(last, "frozen") is None else bool(val(last, "frozen")),
             "tracked_first": val(walked.iloc[0], "tracked") if len(walked) else None,
             "tracked_last": val(walked.iloc[-1], "tracked") if len(walked) else None,
             "gen_counts": [val(last, f"gen{i}_count") for i in range(3)],
