@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from leaktrace.elf import read_elf_symbols
-from leaktrace.probes.bpf.addrspace import Origin
+from leaktrace.probes.bpf.addrspace import AddressSpace, Origin
 from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
 
 P = 4096
@@ -348,3 +348,26 @@ def test_sysv_segment_moved_by_mremap_detaches_at_its_new_address(led: Outstandi
     assert led.shmdt(1, 200 * P) == []
     assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 300 * P)] == [(300, 302)]
     assert spans(led) == [(100, 110, 0x1000)]
+
+
+def test_covering_most_is_the_one_interval_over_half_of_a_range() -> None:
+    """The fault probe's bucket-to-region rule: of the intervals overlapping [a, b), the one covering more than
+    half of it (at most one, as they are disjoint), checked against every interval on random layouts."""
+    import random
+
+    rng = random.Random(29)
+    for _ in range(200):
+        sp, spans, at = AddressSpace(), [], 0
+        for _k in range(rng.randint(0, 40)):
+            at += rng.choice((0, 4096, 1 << 20)) + 4096 * rng.randint(0, 8)
+            end = at + 4096 * rng.choice((1, 16, 256, 600, 1024))
+            sp.insert(at, end, Origin("anon", site=at))
+            spans.append((at, end))
+            at = end
+        for _q in range(30):
+            a = rng.randrange(0, max(at, 1) + (4 << 20)) & ~4095
+            b = a + (2 << 20)
+            want = [(s, e) for s, e in spans if min(e, b) - max(s, a) > (b - a) // 2]
+            got = sp.covering_most(a, b)
+            assert len(want) <= 1 and (None if got is None else (got.start, got.end)) == (want[0] if want else None)
+            assert got is None or got.origin.site == got.start

@@ -140,9 +140,12 @@ class FaultSites:
         and otherwise per toucher, with the span of the buckets its faults fell in."""
         self._read_this_tick = set()
         groups: dict[tuple[int, int, int, int], list[int]] = {}  # (pid, ip, site, region start) -> faults, lo, hi
+        regions: dict[tuple[int, int], tuple[int, int] | None] = {}  # (pid, bucket): keys share buckets
         for k, n in self.take_counts():
             a = k.bucket << FAULT_BUCKET_SHIFT
-            region = self._preexisting_region(k.tgid, a)
+            if (k.tgid, a) not in regions:
+                regions[(k.tgid, a)] = self._preexisting_region(k.tgid, a)
+            region = regions[(k.tgid, a)]
             lo, hi = region if region is not None else (a, a + BUCKET)
             key = (k.tgid, k.ip, k.site, lo if region is not None else 0)
             g = groups.get(key)
@@ -186,12 +189,9 @@ class FaultSites:
         not placed within it, so a region covering less of it (a small one, or the edge of one) is not given
         them."""
         sp = self.ledger.spaces.get(pid)
-        if sp is None:
-            return None
-        for iv in sp.overlapping(a, a + BUCKET):
-            if (iv.origin.preexisting and not iv.origin.path.startswith("[")
-                    and min(iv.end, a + BUCKET) - max(iv.start, a) > BUCKET // 2):
-                return iv.start, iv.end
+        iv = sp.covering_most(a, a + BUCKET) if sp is not None else None
+        if iv is not None and iv.origin.preexisting and not iv.origin.path.startswith("["):
+            return iv.start, iv.end
         return None
 
     def _flags(self, pid: int, start: int) -> str:
