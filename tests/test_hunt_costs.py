@@ -87,10 +87,9 @@ def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
     attach = float(rdr.meta["attach_s"])
     ph = rdr.table("pyheap")
     walks = ph[ph["walk_ms"].notna()].sort_values("t")
-    # walks of the targets only, each walk's frozen set the target's own; the stop walks again only the
-    # processes walked during the hunt (test_stop_walks_only_the_processes_walked_in_the_hunt)
-    during = set(walks.loc[walks["t"] < attach + 8, "pid"])
-    assert during and set(walks["pid"]) == during <= {t.pid for t in targets}, walks[["t", "pid"]]
+    # walks of the targets only, each walk's frozen set the target's own (the stop walks a process the hunt did
+    # not walk only within the walks' CPU share: test_stop_walks_again_the_processes_walked_in_the_hunt)
+    assert len(walks) and set(walks["pid"]) <= {t.pid for t in targets}, walks[["t", "pid"]]
     assert (walks["frozen"] >= 60000).all(), walks[["t", "pid", "frozen"]]
     starts = walks["t"] - walks["walk_ms"] / 2000  # t: the middle of the walk
     assert (starts >= attach).all(), (attach, list(starts))
@@ -100,17 +99,19 @@ def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
 
 
 
-def test_stop_walks_only_the_processes_walked_in_the_hunt(spawn, tmp_path, monkeypatch) -> None:
+def test_stop_walks_again_the_processes_walked_in_the_hunt(spawn, tmp_path, monkeypatch) -> None:
     """At stop a process walked during the hunt is walked again (its frozen set kept: the young lists only),
-    the second point its growth needs; one the hunt never walked gets its counters, not a first walk (one
-    point shows no growth, and a vLLM process's frozen set is ~0.7 s of CPU)."""
-    monkeypatch.setattr(PyHeapProbe, "TOTAL_WALK_DUTY", 1e-4)  # after the first walk the next waits minutes
+    the second point its growth needs; one the hunt never walked gets its counters once the walks have had
+    their CPU share, not a first walk (one point shows no growth, and a vLLM process's frozen set is ~0.7 s
+    of CPU)."""
+    # after the first walk the next waits minutes, and the share is spent
+    monkeypatch.setattr(PyHeapProbe, "TOTAL_WALK_DUTY", 1e-4)
     targets = [spawn([sys.executable, "-c", PY_TARGET]) for _ in range(3)]
     out = tmp_path / "h"
-    run_hunt([t.pid for t in targets], HuntOptions(duration=5, interval=0.5, bpf=False, gdb=False, live=False),
+    run_hunt([t.pid for t in targets], HuntOptions(duration=10, interval=0.5, bpf=False, gdb=False, live=False),
              out, write_reports=False)
     rdr = SessionReader(out)
-    window_end = float(rdr.meta["attach_s"]) + 5
+    window_end = float(rdr.meta["attach_s"]) + 10
     ph = rdr.table("pyheap")
     walks = ph[ph["walk_ms"].notna()].sort_values("t")
     assert walks["pid"].nunique() == 1 and len(walks) == 2, walks[["t", "pid", "walk_ms"]]

@@ -75,11 +75,11 @@ class PyHeapProbe:
     WALK_BUDGET_S = 120.0  # a walk in the walker process: it delays nothing of the hunt, and a niced walk of
     # ~700k objects takes 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine
     # (bench_pyheap_ticklag)
-    # The walks at stop, all processes together, those walked longest ago first (then the counters for the
-    # rest): the longest of the probes' stops, which the hunt's end waits for. Only processes walked during the
-    # hunt are walked again: their frozen set is kept, so the walk is of the young lists and cheap, and it
-    # gives the second point a growth needs. A first walk at stop would be one point, no growth, and on a
-    # vLLM node ~0.7 s of CPU per process for its 610-670k frozen objects.
+    # The walks at stop, all processes together: the longest of the probes' stops, which the hunt's end waits
+    # for. Those walked during the hunt first, longest ago first: their frozen set is kept, so the walk is of
+    # the young lists, cheap, and the second point a growth needs. Then first walks, only while the walks'
+    # CPU stays within TOTAL_WALK_DUTY of the hunt so far: a first walk is one point, no growth, and on a
+    # vLLM node ~0.7 s of CPU per process for its 610-670k frozen objects. The rest get their counters.
     STOP_WAIT_S = 5.0
     MAX_WALKER_FAILS = 3  # walker processes that did not answer, in a row: the walks stop (counters go on)
 
@@ -94,6 +94,8 @@ class PyHeapProbe:
         self._where: dict[int, Interpreter] = {}
         self.walks = 0
         self.walk_s = 0.0
+        self.walk_cpu_s = 0.0  # the walks' CPU (their wall time where the walker did not say)
+        self._live_at: float | None = None  # monotonic: when every probe was live (the walks' share counts from)
         self.frozen_kept = 0  # walks that reused the frozen set's last walk
         self.walker: WalkerProcess | None = None
         self._walker_fails = 0
@@ -128,7 +130,8 @@ class PyHeapProbe:
         while not self.ctx.attached.wait(0.25):
             if self._stop.is_set():
                 return
-        self._next_walk_at = time.monotonic() + self.FIRST_WALK_S
+        self._live_at = time.monotonic()
+        self._next_walk_at = self._live_at + self.FIRST_WALK_S
         logged = False
         while True:
             try:
@@ -191,8 +194,9 @@ class PyHeapProbe:
         return min(due, key=lambda pid: self._walked.get(pid, (float("-inf"), 0.0))[0], default=None)
 
     def _sample(self, mode: str, stop_by: float = 0.0) -> None:
-        """``counters`` (every tick), ``due`` (the walks due, from the walker thread) or ``all`` (at stop: a
-        walk of every process walked during the hunt, until ``stop_by``, and the counters of the others)."""
+        """``counters`` (every tick), ``due`` (the walks due, from the walker thread) or ``all`` (at stop, until
+        ``stop_by``: a walk of each process walked during the hunt, first walks of others within the walks'
+        share (STOP_WAIT_S), the counters of the rest)."""
         assert self.ctx is not None
         session = self.ctx.session
         rows, type_rows = [], []
@@ -208,7 +212,7 @@ class PyHeapProbe:
             if mode == "counters" and pid not in self._where:
                 continue  # located by the probe's thread
             t0 = session.now()
-            walk = mode == "due" or (mode == "all" and pid in self._walked)
+            walk = mode == "due" or (mode == "all" and (pid in self._walked or self._share_left()))
             if walk and not self.IN_PROCESS and self._walker_fails >= self.MAX_WALKER_FAILS:
                 if mode == "due":
                     continue
@@ -252,6 +256,7 @@ class PyHeapProbe:
                     self._walked[pid] = (t1, cost)
                     self.walks += 1
                     self.walk_s += cost
+                    self.walk_cpu_s += cost if cpu is None else cpu
                     self._next_walk_at = time.monotonic() + (cost if cpu is None else cpu) / self.TOTAL_WALK_DUTY
             types = st.pop("types", None)
             if types:
@@ -266,6 +271,11 @@ class PyHeapProbe:
             rows.append(st)
         session.append("pyheap", rows)
         session.append("pyheap_types", type_rows)
+
+    def _share_left(self) -> bool:
+        """The walks' CPU so far is within TOTAL_WALK_DUTY of the hunt's time since it was live."""
+        return self._live_at is not None and \
+            self.walk_cpu_s < self.TOTAL_WALK_DUTY * (time.monotonic() - self._live_at)
 
     def _walk_out(self, pid: int, where: Interpreter, mode: str, stop_by: float) -> dict[str, Any] | None:
         """The walk of ``pid`` in the walker process; None when it gave no answer (said once; after
