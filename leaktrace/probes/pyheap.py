@@ -292,6 +292,10 @@ class PyHeapProbe:
                     st = self.walker.walk(pid, where, budget=min(5.0, left), wait=left, frozen_max_age=1e9)
                 else:
                     st = self.walker.walk(pid, where, budget=self.WALK_BUDGET_S, stop=self._stop)
+                    if self._stop.is_set():
+                        # its answer may have come cut short by the stop's cancel (lists counted -1): the stop
+                        # walks the process again
+                        return None
             except WalkerGone as e:
                 if mode == "due" and self._stop.is_set():
                     return None  # the stop came during the walk: its answer is dropped, the worker kept
