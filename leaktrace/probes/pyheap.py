@@ -252,12 +252,13 @@ class PyHeapProbe:
             if walk and "walk_ms" in st:
                 # the walk's own cost (the first read also finds the structure offsets: once per file)
                 cost = st["walk_ms"] / 1000
+                spent = cost if cpu is None else cpu
                 with self._lock:
                     self._walked[pid] = (t1, cost)
                     self.walks += 1
                     self.walk_s += cost
-                    self.walk_cpu_s += cost if cpu is None else cpu
-                    self._next_walk_at = time.monotonic() + (cost if cpu is None else cpu) / self.TOTAL_WALK_DUTY
+                    self.walk_cpu_s += spent
+                    self._next_walk_at = time.monotonic() + spent / self.TOTAL_WALK_DUTY
             types = st.pop("types", None)
             if types:
                 type_rows += [{"t": st["t"], "pid": pid, "type": name, "count": n, "frozen": f}
@@ -292,10 +293,6 @@ class PyHeapProbe:
                     st = self.walker.walk(pid, where, budget=min(5.0, left), wait=left, frozen_max_age=1e9)
                 else:
                     st = self.walker.walk(pid, where, budget=self.WALK_BUDGET_S, stop=self._stop)
-                    if self._stop.is_set():
-                        # its answer may have come cut short by the stop's cancel (lists counted -1): the stop
-                        # walks the process again
-                        return None
             except WalkerGone as e:
                 if mode == "due" and self._stop.is_set():
                     return None  # the stop came during the walk: its answer is dropped, the worker kept

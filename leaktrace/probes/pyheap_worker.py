@@ -123,6 +123,10 @@ class WalkerProcess:
             if ans.get("id") == rid:
                 break
             self.dropped = ans  # earlier ids: answers given up on (stop, timeout, cancel)
+        if stop is not None and stop.is_set():
+            # it came after the stop, perhaps cut short by the stop's cancel (lists counted -1)
+            self.dropped = ans
+            raise WalkerGone("the walk was stopped")
         if "ok" in ans:
             st = ans["ok"]
             if "cpu_s" in ans:
