@@ -93,27 +93,19 @@ class WatcherProbe:
         assert self.ctx is not None
         ts = self.ctx.targets
         found: dict[int, int] = {}
-        kids: dict[int, list[int]] | None = None  # one pass over /proc a tick, for every root
+        stats = procfs.process_stats()  # one pass over /proc a tick: every root's tree, and who is who
+        roots = []
         for root in ts.roots:
-            if root in self._dead_roots or not self._same_process(root):
+            if root in self._dead_roots or not self._same_process(root, stats.get(root)):
                 self._dead_roots.add(root)
-                continue
-            if kids is None:
-                kids = procfs.children_map()
-            stack = [root]
-            while stack:
-                pid = stack.pop()
-                try:
-                    st = procfs.read_stat(pid)
-                except AccessDenied:
-                    if pid == root:
-                        found.setdefault(root, 0)
-                    continue
-                except (ProcessGone, procfs.ParseError, IndexError, ValueError):
-                    continue
-                if st["state"] != "Z":  # a zombie's memory is already released
-                    found[pid] = int(st["ppid"])  # type: ignore[call-overload]
-                stack.extend(k for k in kids.get(pid, ()) if k not in found)
+            else:
+                roots.append(root)
+        for pid, ppid in procfs.process_tree(roots, stats).items():
+            if stats[pid]["state"] != "Z":  # a zombie's memory is already released
+                found[pid] = ppid
+        for root in roots:
+            if root not in stats and self._unreadable(root):
+                found.setdefault(root, 0)
         # Also keep children the bpf probe added (found in the kernel before we saw them here).
         with ts.lock:
             known = dict(ts.pids)
@@ -121,7 +113,7 @@ class WatcherProbe:
             if pid not in found and pid not in ts.roots and _alive(pid) and self._same_process(pid):
                 found[pid] = ppid
         # A child pid reused by a new child between two ticks: the old process exited, a new one is seen.
-        reused = {p for p in found if p in known and not self._same_process(p)}
+        reused = {p for p in found if p in known and not self._same_process(p, stats.get(p))}
         new = [p for p in found if p not in known or p in reused]
         gone = [p for p in known if p not in found or p in reused]
         with ts.lock:
@@ -136,14 +128,25 @@ class WatcherProbe:
             self._same_process(p)  # its start time is the reference from now on
             self._record_process(p, found[p], now, "seen")
 
-    def _same_process(self, pid: int) -> bool:
+    def _same_process(self, pid: int, stat: dict[str, object] | None = None) -> bool:
         """False when ``pid`` now names another process than the one first seen (compared by the start
-        time in /proc/PID/stat, which exec() keeps and PID reuse changes)."""
+        time in /proc/PID/stat, which exec() keeps and PID reuse changes; ``stat``: read this tick)."""
         try:
-            st = int(procfs.read_stat(pid)["starttime"])  # type: ignore[call-overload]
+            st = int((stat or procfs.read_stat(pid))["starttime"])  # type: ignore[call-overload]
         except (ProcessGone, AccessDenied, procfs.ParseError, IndexError, ValueError):
             return True  # gone or unreadable: the tree refresh decides
         return self._starttime.setdefault(pid, st) == st
+
+    @staticmethod
+    def _unreadable(pid: int) -> bool:
+        """``pid`` lives but its stat is not readable (its memory may still be): kept as a target."""
+        try:
+            procfs.read_stat(pid)
+        except AccessDenied:
+            return True
+        except (ProcessGone, procfs.ParseError, IndexError, ValueError):
+            return False
+        return False
 
     def _record_process(self, pid: int, ppid: int, now: float, event: str) -> None:
         assert self.ctx is not None

@@ -46,6 +46,7 @@ __all__ = [
     "parse_stat",
     "parse_status",
     "pid_exists",
+    "process_stats",
     "process_tree",
     "read_cmdline",
     "read_comm",
@@ -214,31 +215,36 @@ def iter_pids() -> Iterator[int]:
             yield int(name)
 
 
-def children_map() -> dict[int, list[int]]:
-    """ppid → [pid] for every live process (one pass over /proc, races tolerated)."""
-    out: dict[int, list[int]] = {}
+def process_stats() -> dict[int, dict[str, object]]:
+    """pid → its parsed /proc/PID/stat, for every live process readable now (one pass over /proc, races
+    tolerated): what children_map and process_tree derive from, for a caller that needs several."""
+    out: dict[int, dict[str, object]] = {}
     for pid in iter_pids():
         try:
-            st = read_stat(pid)
+            out[pid] = read_stat(pid)
         except (ProcessGone, AccessDenied, ParseError, IndexError, ValueError):
             continue
-        out.setdefault(int(st["ppid"]), []).append(pid)  # type: ignore[arg-type]
     return out
 
 
-def process_tree(roots: list[int]) -> dict[int, int]:
-    """Every live process in the trees rooted at ``roots``: {pid: ppid}."""
-    kids = children_map()
+def children_map(stats: dict[int, dict[str, object]] | None = None) -> dict[int, list[int]]:
+    """ppid → [pid] for every live process (``stats``: a :func:`process_stats` already read, else read now)."""
+    out: dict[int, list[int]] = {}
+    for pid, st in (process_stats() if stats is None else stats).items():
+        out.setdefault(int(st["ppid"]), []).append(pid)  # type: ignore[call-overload]
+    return out
+
+
+def process_tree(roots: list[int], stats: dict[int, dict[str, object]] | None = None) -> dict[int, int]:
+    """Every live process in the trees rooted at ``roots``: {pid: ppid} (``stats`` as for children_map)."""
+    stats = process_stats() if stats is None else stats
+    kids = children_map(stats)
     out: dict[int, int] = {}
     stack = list(roots)
     while stack:
         pid = stack.pop()
-        if pid in out:
+        if pid in out or pid not in stats:
             continue
-        try:
-            ppid = int(read_stat(pid)["ppid"])  # type: ignore[arg-type]
-        except (ProcessGone, AccessDenied, ParseError, IndexError, ValueError):
-            continue
-        out[pid] = ppid
+        out[pid] = int(stats[pid]["ppid"])  # type: ignore[call-overload]
         stack.extend(kids.get(pid, []))
     return out
