@@ -98,7 +98,6 @@ def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
     assert all(s >= e - 0.01 for s, e in zip(starts.iloc[1:], ends.iloc[:-1], strict=True)), walks[["t", "walk_ms"]]
 
 
-
 def test_stop_walks_again_the_processes_walked_in_the_hunt(spawn, tmp_path, monkeypatch) -> None:
     """At stop a process walked during the hunt is walked again (its frozen set kept: the young lists only),
     the second point its growth needs; one the hunt never walked gets its counters once the walks have had

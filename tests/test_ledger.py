@@ -357,17 +357,17 @@ def test_covering_most_is_the_one_interval_over_half_of_a_range() -> None:
 
     rng = random.Random(29)
     for _ in range(200):
-        sp, spans, at = AddressSpace(), [], 0
+        sp, layout, at = AddressSpace(), [], 0
         for _k in range(rng.randint(0, 40)):
             at += rng.choice((0, 4096, 1 << 20)) + 4096 * rng.randint(0, 8)
             end = at + 4096 * rng.choice((1, 16, 256, 600, 1024))
             sp.insert(at, end, Origin("anon", site=at))
-            spans.append((at, end))
+            layout.append((at, end))
             at = end
         for _q in range(30):
             a = rng.randrange(0, max(at, 1) + (4 << 20)) & ~4095
             b = a + (2 << 20)
-            want = [(s, e) for s, e in spans if min(e, b) - max(s, a) > (b - a) // 2]
+            want = [(s, e) for s, e in layout if min(e, b) - max(s, a) > (b - a) // 2]
             got = sp.covering_most(a, b)
             assert len(want) <= 1 and (None if got is None else (got.start, got.end)) == (want[0] if want else None)
             assert got is None or got.origin.site == got.start
