@@ -230,6 +230,26 @@ def test_symbolizer_keeps_maps_after_exit_and_reads_elf(tmp_path) -> None:
     assert {"f", "g"} <= {s[2] for s in read_elf_symbols(str(stripped)).syms}  # .dynsym survives
 
 
+def test_elf_symbols_keep_the_sized_alias_of_an_address(tmp_path) -> None:
+    """Two FUNC symbols at one address (hand-written assembly): `nosize`, exported and sizeless, comes first
+    (.dynsym is read before .symtab), `sized` is local. The sized one names the address, and an address past
+    its size is no symbol's."""
+    import subprocess
+
+    src = tmp_path / "a.c"
+    src.write_text('__asm__(".text\\n.globl nosize\\n.type nosize,@function\\nnosize:\\n'
+                   '.type sized,@function\\nsized:\\nret\\n.size sized,1\\nnop\\nnop\\n");\n'
+                   'int g(int x){return x+1;}\n')
+    so = tmp_path / "liba.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", str(src), "-o", str(so)], check=True)
+    syms = read_elf_symbols(str(so))
+    at = {name: value for value, _size, name in syms.syms}
+    assert "g" in at and "sized" in at and "nosize" not in at
+    assert syms.lookup(at["sized"]) == ("sized", 0)
+    assert syms.lookup(at["sized"] + 1) is None
+    assert syms.lookup(at["g"] + 1) == ("g", 1)
+
+
 def test_arena_reservation_is_committed_by_mprotect() -> None:
     """glibc's arena heaps: a PROT_NONE reservation holds nothing; mprotect read/write commits pieces of it
     to the caller that grew the heap; PROT_NONE again gives them back; munmap removes the rest."""

@@ -3,7 +3,6 @@ functions by address (a file offset as ``symbol+0xoff``)."""
 
 from __future__ import annotations
 
-import bisect
 import mmap
 import os
 import struct
@@ -72,21 +71,42 @@ def first_load_vaddr(path: str) -> int:
 
 @dataclass
 class ElfSymbols:
+    """FUNC symbols sorted by address. Names are read from the file on lookup: a table of 342k C++ names
+    (libtorch_cpu.so) decoded up front cost the hunt half a second of CPU on its first stack through it."""
+
     loads: list[tuple[int, int, int]] = field(default_factory=list)  # (p_offset, p_vaddr, p_filesz)
-    addrs: list[int] = field(default_factory=list)
-    syms: list[tuple[int, int, str]] = field(default_factory=list)  # (value, size, name), sorted
+    addrs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # st_value, sorted, unique
+    sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    name_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # file offset of each name
+    names_from: mmap.mmap | None = None  # the file, kept mapped: names come from the content the table was read from
+    _names: dict[int, str | None] = field(default_factory=dict)
 
     def file_offset_to_vaddr(self, off: int) -> int:
         return _offset_to_vaddr(self.loads, off)
 
     def lookup(self, vaddr: int) -> tuple[str, int] | None:
-        i = bisect.bisect_right(self.addrs, vaddr) - 1
+        i = int(np.searchsorted(self.addrs, vaddr, side="right")) - 1
         if i < 0:
             return None
-        value, size, name = self.syms[i]
+        value, size = int(self.addrs[i]), int(self.sizes[i])
         if size and vaddr >= value + size:
             return None
-        return name, vaddr - value
+        name = self.name(i)
+        return None if name is None else (name, vaddr - value)
+
+    def name(self, i: int) -> str | None:
+        """The name of the i-th symbol; None when the file cannot give it (no terminating NUL)."""
+        if i not in self._names:
+            try:
+                self._names[i] = _name(self.names_from, int(self.name_at[i]), "utf-8") if self.names_from else None
+            except (ValueError, IndexError):
+                self._names[i] = None
+        return self._names[i]
+
+    @property
+    def syms(self) -> list[tuple[int, int, str | None]]:
+        """Every symbol as (value, size, name), by address: reads every name (for inspection, not the hunt)."""
+        return [(int(v), int(z), self.name(i)) for i, (v, z) in enumerate(zip(self.addrs, self.sizes, strict=True))]
 
 
 # An ELF64 symbol table entry, for reading a whole table at once (libtorch_cpu.so holds 342k of them).
@@ -96,38 +116,47 @@ _ELF64_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx
 
 def read_elf_symbols(path: str) -> ElfSymbols:
     """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF. The file is
-    mapped, not read: only its headers, symbol tables and the names kept are touched (a stack through a
+    mapped, not read: only its headers, symbol tables and the names looked up are touched (a stack through a
     434 MB libtorch_cpu.so costs no 434 MB copy in the hunt)."""
     out = ElfSymbols()
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-                return out
-            _read_func_symbols(data, out)
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # unreadable, or empty (mmap refuses a 0-byte file)
         return out
+    if len(data) >= 64 and data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1:
+        _read_func_symbols(data, out)
+    if len(out.addrs):
+        out.names_from = data
+    else:
+        data.close()
     return out
 
 
 def _read_func_symbols(data: mmap.mmap, out: ElfSymbols) -> None:
+    """Fills ``out``. One symbol per address: the first with a size, else the first (tables in section order)."""
     try:
         h = _header(data)
         for load in _loads(data, h):
             out.loads.append(load)
-        syms: dict[int, tuple[int, int, str]] = {}
         sections = _sections(data, h)
+        kept = []
         for sh_type, off, size, link, entsize in sections:
             if sh_type not in (SHT_SYMTAB, SHT_DYNSYM) or entsize != _ELF64_SYM.itemsize:
                 continue
             # a copy of the table alone: an array over the mapping itself would keep it from closing
             table = np.frombuffer(data[off:off + size // entsize * entsize], dtype=_ELF64_SYM)
             keep = table[((table["info"] & 0xF) == STT_FUNC) & (table["shndx"] != 0) & (table["value"] != 0)]
-            str_off = sections[link][1]
-            for name_at, st_value, st_size in zip(keep["name"].tolist(), keep["value"].tolist(),
-                                                  keep["size"].tolist(), strict=True):
-                if st_value not in syms or (syms[st_value][1] == 0 and st_size):
-                    syms[st_value] = (st_value, st_size, _name(data, str_off + name_at, "utf-8"))
-        out.syms = sorted(syms.values())
-        out.addrs = [s[0] for s in out.syms]
+            kept.append((keep["value"], keep["size"], keep["name"].astype(np.int64) + sections[link][1]))
+        if not kept:
+            return
+        values, sizes, name_at = (np.concatenate(col) for col in zip(*kept, strict=True))
+        # by address, then sized before sizeless, then table order: the first of each address is the one kept
+        order = np.lexsort((np.arange(len(values)), sizes == 0, values))
+        values = values[order]
+        first = np.ones(len(values), bool)
+        first[1:] = values[1:] != values[:-1]
+        pick = order[first]
+        out.addrs, out.sizes, out.name_at = values[first], sizes[pick], name_at[pick]
     except (struct.error, IndexError, ValueError):
         return  # a malformed file: its segments as far as read, no symbols
