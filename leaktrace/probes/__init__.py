@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from leaktrace.sched import HUNT_NICE
-from leaktrace.session import SessionWriter
+
+if TYPE_CHECKING:  # the walker process imports this package: it needs none of the session's pandas
+    from leaktrace.session import SessionWriter
 
 MAX_WARNINGS = 200
 
