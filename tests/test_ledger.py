@@ -248,6 +248,13 @@ def test_elf_symbols_keep_the_sized_alias_of_an_address(tmp_path) -> None:
     assert syms.lookup(at["sized"]) == ("sized", 0)
     assert syms.lookup(at["sized"] + 1) is None
     assert syms.lookup(at["g"] + 1) == ("g", 1)
+    # Names are read on lookup, from the file the table was read from: once it is replaced, a name not read
+    # yet is unknown (never a name from the new file at the old offset); names read before stay.
+    fresh = read_elf_symbols(str(so))
+    so.unlink()
+    so.write_bytes(b"\x7fELF" + bytes(4096))
+    assert fresh.lookup(at["g"]) is None
+    assert syms.lookup(at["g"]) == ("g", 0)
 
 
 def test_arena_reservation_is_committed_by_mprotect() -> None:

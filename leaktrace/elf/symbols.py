@@ -6,6 +6,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -78,7 +79,8 @@ class ElfSymbols:
     addrs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # st_value, sorted, unique
     sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     name_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # file offset of each name
-    names_from: mmap.mmap | None = None  # the file, kept mapped: names come from the content the table was read from
+    path: str = ""
+    file_key: tuple[int, int, int, int] | None = None  # (st_dev, st_ino, st_size, st_mtime_ns) when the table was read
     _names: dict[int, str | None] = field(default_factory=dict)
 
     def file_offset_to_vaddr(self, off: int) -> int:
@@ -95,18 +97,36 @@ class ElfSymbols:
         return None if name is None else (name, vaddr - value)
 
     def name(self, i: int) -> str | None:
-        """The name of the i-th symbol; None when the file cannot give it (no terminating NUL)."""
+        """The name of the i-th symbol (see :meth:`names`)."""
         if i not in self._names:
-            try:
-                self._names[i] = _name(self.names_from, int(self.name_at[i]), "utf-8") if self.names_from else None
-            except (ValueError, IndexError):
-                self._names[i] = None
+            self.names([i])
         return self._names[i]
+
+    def names(self, indices: Iterable[int]) -> list[str | None]:
+        """Names of symbols, read from the file when first asked for; None when the file is no longer the one
+        the table was read from, or cannot give the name. The file is mapped for the read only: a hunt keeps the
+        symbols of every library on its stacks, and a descriptor held for each could run out."""
+        indices = list(indices)
+        missing = [i for i in indices if i not in self._names]
+        if missing:
+            self._names.update(dict.fromkeys(missing))
+            try:
+                with open(self.path, "rb") as f:
+                    if _file_key(os.fstat(f.fileno())) == self.file_key:
+                        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                            for i in missing:
+                                try:
+                                    self._names[i] = _name(data, int(self.name_at[i]), "utf-8")
+                                except (ValueError, IndexError):
+                                    pass
+            except (OSError, ValueError):
+                pass
+        return [self._names[i] for i in indices]
 
     @property
     def syms(self) -> list[tuple[int, int, str | None]]:
         """Every symbol as (value, size, name), by address: reads every name (for inspection, not the hunt)."""
-        return [(int(v), int(z), self.name(i)) for i, (v, z) in enumerate(zip(self.addrs, self.sizes, strict=True))]
+        return list(zip(self.addrs.tolist(), self.sizes.tolist(), self.names(range(len(self.addrs))), strict=True))
 
 
 # An ELF64 symbol table entry, for reading a whole table at once (libtorch_cpu.so holds 342k of them).
@@ -118,19 +138,20 @@ def read_elf_symbols(path: str) -> ElfSymbols:
     """FUNC symbols of .symtab and .dynsym, and PT_LOAD segments, of a 64-bit little-endian ELF. The file is
     mapped, not read: only its headers, symbol tables and the names looked up are touched (a stack through a
     434 MB libtorch_cpu.so costs no 434 MB copy in the hunt)."""
-    out = ElfSymbols()
+    out = ElfSymbols(path=path)
     try:
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            out.file_key = _file_key(os.fstat(f.fileno()))
+            if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+                return out
+            _read_func_symbols(data, out)
     except (OSError, ValueError):  # unreadable, or empty (mmap refuses a 0-byte file)
         return out
-    if len(data) >= 64 and data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1:
-        _read_func_symbols(data, out)
-    if len(out.addrs):
-        out.names_from = data
-    else:
-        data.close()
     return out
+
+
+def _file_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _read_func_symbols(data: mmap.mmap, out: ElfSymbols) -> None:
