@@ -40,7 +40,7 @@ def test_every_flame_graph_source_runs(tmp_path):
     import json
 
     from leaktrace.analysis.figures import build_figures
-    from leaktrace.report.flame import collect_stacks
+    from leaktrace.report.stacks import collect_stacks
     from leaktrace.session import SessionReader
 
     demo = render("demo", tmp_path)

@@ -16,7 +16,8 @@ import pytest
 from conftest import LEAKTRACE, REPO, run_cli
 from ops_helpers import live_rollup, wait_rollup
 
-from leaktrace.report.flame import flame_svg, folded_text
+from leaktrace.report.flame_svg import flame_svg
+from leaktrace.report.folded import folded_text
 
 OUTPUTS = ("report.json", "report.md", "report.html", "outstanding.folded")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from leaktrace.analysis.compare import describe_change
 from leaktrace.report import flamegraph
-from leaktrace.report.formats import TextReporter
 from leaktrace.report.json_report import JsonReporter
 from leaktrace.report.markdown import table
+from leaktrace.report.reporter import TextReporter
 
 
 def _mb(v: float) -> str:

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 
 from leaktrace.analysis.figures import Figures
 from leaktrace.analysis.report_types import Report
-from leaktrace.report.flame import Site, process_names, sites
+from leaktrace.report.stacks import Site, process_names, sites
 
 # Loading order: each d3 module extends the global ``d3`` with what the ones after it use.
 VENDOR_JS = ("d3-array", "d3-color", "d3-interpolate", "d3-format", "d3-time", "d3-time-format", "d3-scale",

@@ -15,38 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from leaktrace.atomic import atomic_write_text
 from leaktrace.errors import UsageError
+from leaktrace.report.reporter import Reporter
 
 if TYPE_CHECKING:
     from leaktrace.analysis.figures import Figures
-
-
-class Reporter(Protocol):
-    """Writes one format of a document into ``out_dir`` and returns the file written. ``figures`` are what
-    the analysis took besides the document, for the reporters that plot (a hunt's Figures: time series,
-    stacks; a comparison's: each hunt's flame graph views); the others ignore them. A reporter renders what it is given and never reopens a session."""
-
-    name: str  # the format's name in --format
-    filename: str  # the file it writes in out_dir
-
-    def write(self, doc: Mapping[str, Any], out_dir: Path,
-              figures: Figures | Mapping[str, Any] | None = None) -> Path: ...
-
-
-@dataclass(frozen=True)
-class TextReporter:
-    """A reporter whose format is one text file rendered from the document (and the figures)."""
-
-    name: str
-    filename: str
-    render: Callable[[Mapping[str, Any], Any], str]
-
-    def write(self, doc: Mapping[str, Any], out_dir: Path,
-              figures: Figures | Mapping[str, Any] | None = None) -> Path:
-        return atomic_write_text(Path(out_dir) / self.filename, self.render(doc, figures))
 
 
 @dataclass(frozen=True)
@@ -103,9 +78,9 @@ def _html() -> Reporter:
 
 
 def _folded() -> Reporter:
-    from leaktrace.report import flame
+    from leaktrace.report import folded
 
-    return flame.REPORTER
+    return folded.REPORTER
 
 
 def _pprof() -> Reporter:

@@ -18,8 +18,9 @@ from leaktrace.analysis.figures import Figures
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
 from leaktrace.report import flamegraph
-from leaktrace.report.flame import collect_stacks, flame_svg
-from leaktrace.report.formats import TextReporter
+from leaktrace.report.flame_svg import flame_svg
+from leaktrace.report.reporter import TextReporter
+from leaktrace.report.stacks import collect_stacks
 
 MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12

@@ -7,7 +7,7 @@ from typing import Any
 
 from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.report_types import Report
-from leaktrace.report.formats import TextReporter
+from leaktrace.report.reporter import TextReporter
 
 MAX_CULPRITS = 5
 MAX_STACK = 20

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from leaktrace.atomic import atomic_write_bytes
-from leaktrace.report.flame import Site, process_names, sites
+from leaktrace.report.stacks import Site, process_names, sites
 
 if TYPE_CHECKING:
     from leaktrace.analysis.figures import Figures
