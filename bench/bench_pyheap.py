@@ -33,7 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from leaktrace.probes.pyheap import PyHeapProbe, locate, read_python_heap  # noqa: E402
+from leaktrace.probes.pyheap.interpreter import locate, read_python_heap  # noqa: E402
+from leaktrace.probes.pyheap.probe import PyHeapProbe  # noqa: E402
 
 TARGET = """
 import gc, sys, time

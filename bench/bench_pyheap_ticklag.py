@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from leaktrace.hunt import run_hunt  # noqa: E402
 from leaktrace.probes import HuntOptions  # noqa: E402
-from leaktrace.probes.pyheap import PyHeapProbe  # noqa: E402
+from leaktrace.probes.pyheap.probe import PyHeapProbe  # noqa: E402
 from leaktrace.session import SessionReader  # noqa: E402
 
 TARGET = """

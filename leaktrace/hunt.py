@@ -21,7 +21,7 @@ from leaktrace.probes.exporter import PrometheusExporter
 from leaktrace.probes.gdb.probe import GdbProbe
 from leaktrace.probes.host import HostMemoryProbe
 from leaktrace.probes.metrics import MetricsProbe
-from leaktrace.probes.pyheap import PyHeapProbe
+from leaktrace.probes.pyheap.probe import PyHeapProbe
 from leaktrace.probes.ucx_state import UcxStateProbe
 from leaktrace.probes.vllm import VllmProbe
 from leaktrace.probes.watcher import WatcherProbe

@@ -7,7 +7,7 @@ import sys
 
 from conftest import run_cli
 
-from leaktrace.probes.pyheap import read_python_heap
+from leaktrace.probes.pyheap.interpreter import read_python_heap
 from leaktrace.session import SessionReader
 
 PROGRAM = """

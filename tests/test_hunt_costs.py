@@ -11,7 +11,7 @@ from conftest import REPO
 from leaktrace.analysis.load import python_heap
 from leaktrace.hunt import run_hunt
 from leaktrace.probes import HuntOptions
-from leaktrace.probes.pyheap import PyHeapProbe
+from leaktrace.probes.pyheap.probe import PyHeapProbe
 from leaktrace.sched import HUNT_NICE
 from leaktrace.session import SessionReader
 

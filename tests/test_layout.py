@@ -70,3 +70,59 @@ def test_no_import_by_string_outside_cli():
 
 def test_every_module_under_400_lines():
     assert [f"{m}: {n}" for m, p in _modules() if (n := len(p.read_text().splitlines())) >= 400] == []
+
+
+def _runtime_imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The leaktrace modules ``module`` imports when it runs (function-level imports included; those under
+    ``if TYPE_CHECKING:`` never run), each resolved to the module it names (``from a.b import c``: ``a.b.c``
+    when that is a module, else ``a.b``)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found: set[str | None] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}" if base else package
+            if base.startswith("leaktrace"):
+                found |= {resolve(f"{base}.{a.name}") for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {resolve(a.name) for a in node.names if a.name.startswith("leaktrace")}
+    return {m for m in found if m and m != module}
+
+
+def test_no_import_cycle():
+    """No module imports itself back through others: each cycle found is listed, its modules in order."""
+    paths = {m.removesuffix(".__init__"): p for m, p in _modules()}
+    graph = {m: _runtime_imports(m, p, set(paths)) for m, p in paths.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for dep in sorted(graph[m]):
+            if state.get(dep) == 1:
+                cycles.append(path[path.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert cycles == []

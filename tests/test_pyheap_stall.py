@@ -17,9 +17,9 @@ from conftest import LEAKTRACE, REPO, wait_for
 
 from leaktrace.hunt import run_hunt
 from leaktrace.probes import HuntOptions
-from leaktrace.probes.pyheap import PyHeapProbe
-from leaktrace.probes.pyheap_read import Interpreter, locate
-from leaktrace.probes.pyheap_worker import WalkerGone, WalkerProcess
+from leaktrace.probes.pyheap.client import WalkerGone, WalkerProcess
+from leaktrace.probes.pyheap.interpreter import Interpreter, locate
+from leaktrace.probes.pyheap.probe import PyHeapProbe
 from leaktrace.session import SessionReader
 
 BIG = """
@@ -52,7 +52,7 @@ def _walkers(parent: int) -> list[int]:
                 cmd = f.read()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == parent and b"pyheap_walk" in cmd:
+        if ppid == parent and b"pyheap.worker" in cmd:
             out.append(int(d))
     return out
 

@@ -1,7 +1,7 @@
-"""Reading a CPython process's GC state from outside, for the pyheap probe (see leaktrace.probes.pyheap for
-what is read and why this way): where the interpreter lives (:func:`locate`: its maps, the ELF symbols, the
-structure offsets from DWARF or a built-in table) and one read of the GC state with the walk of its lists
-(:func:`read_python_heap`). Split from leaktrace.probes.pyheap (move only)."""
+"""Reading a CPython process's GC state from outside, for the pyheap probe (see leaktrace.probes.pyheap.probe
+for what is read and why this way): where the interpreter lives (:func:`locate`: its maps, the ELF symbols,
+the structure offsets from DWARF or a built-in table) and one read of the GC state with the walk of its
+lists (:func:`read_python_heap`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.elf import elf_info
-from leaktrace.probes.pyheap_walk import WALK_BUDGET_S, type_names, walk_retry
+from leaktrace.probes.pyheap.walk import WALK_BUDGET_S, type_names, walk_retry
 from leaktrace.procmem import ProcMem, load_bias
 
 # A frozen set whose ends did not move is walked again after this long (objects of it that died: a count

@@ -32,15 +32,8 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions
-from leaktrace.probes.pyheap_read import (  # noqa: F401 - the readers are this probe's API too
-    FROZEN_REWALK_S,
-    OFFSETS_311,
-    PY_LIB_RE,
-    Interpreter,
-    locate,
-    read_python_heap,
-)
-from leaktrace.probes.pyheap_worker import WalkerGone, WalkerProcess
+from leaktrace.probes.pyheap.client import WalkerGone, WalkerProcess
+from leaktrace.probes.pyheap.interpreter import PY_LIB_RE, Interpreter, locate, read_python_heap
 
 
 def _looks_like_python(pid: int) -> bool:

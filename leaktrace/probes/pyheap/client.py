@@ -1,5 +1,5 @@
-"""The pyheap probe's walker process, seen from the hunt: starts ``python -m leaktrace.probes.pyheap_walk
---worker`` and asks it for walks (one JSON line each way). Split from leaktrace.probes.pyheap (move only)."""
+"""The pyheap probe's walker process, seen from the hunt: starts ``python -m leaktrace.probes.pyheap.worker
+--worker`` and asks it for walks (one JSON line each way)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from leaktrace.errors import LeaktraceError, ProcessGone
-from leaktrace.probes import pyheap_walk
+from leaktrace.probes.pyheap.walk import CANCEL_SIGNAL
 from leaktrace.sched import helper_group
 
 if TYPE_CHECKING:
-    from leaktrace.probes.pyheap_read import Interpreter
+    from leaktrace.probes.pyheap.interpreter import Interpreter
 
 
 class WalkerGone(LeaktraceError):
@@ -25,7 +25,7 @@ class WalkerGone(LeaktraceError):
 
 
 class WalkerProcess:
-    """The walks, run out of the hunt's interpreter: ``python -m leaktrace.probes.pyheap_walk --worker``
+    """The walks, run out of the hunt's interpreter: ``python -m leaktrace.probes.pyheap.worker --worker``
     (see that module). A walk is seconds of Python on a vLLM process under load; in a thread of the hunt
     it would hold the GIL against the tick thread and the eBPF ring's consumer (ticks 10-49 s late, the ring
     overflowing). Here the hunt's thread only waits on a pipe (no GIL held), the worker runs niced, dies
@@ -55,7 +55,7 @@ class WalkerProcess:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.pop("PYTHONSTARTUP", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "leaktrace.probes.pyheap_walk", "--worker", str(os.getpid())],
+            [sys.executable, "-m", "leaktrace.probes.pyheap.worker", "--worker", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True,
             start_new_session=True)
         helper_group(self.proc.pid, 0)  # a walk is heavy: never at the hunt's raised weight
@@ -148,11 +148,11 @@ class WalkerProcess:
         return self.alive() and self._answered < self._next_id
 
     def cancel(self) -> None:
-        """The walk under way gives up at once (pyheap_walk.CANCEL_SIGNAL); the worker and what it keeps of
+        """The walk under way gives up at once (CANCEL_SIGNAL); the worker and what it keeps of
         each target's frozen set stay. Its answer, when read, is dropped by its id."""
         if self.busy() and self.proc is not None:
             try:
-                os.kill(self.proc.pid, pyheap_walk.CANCEL_SIGNAL)
+                os.kill(self.proc.pid, CANCEL_SIGNAL)
             except OSError:
                 pass
 

@@ -1,20 +1,14 @@
 """The walk of CPython's GC lists from outside (``/proc/PID/mem``), for the pyheap probe: the objects of a
 list counted by type while the target runs and changes the list; the types named from their tp_name.
 
-``python -m leaktrace.probes.pyheap_walk --worker PPID`` is the walker process the probe runs the walks in
-(see :class:`leaktrace.probes.pyheap_worker.WalkerProcess`): a walk is seconds of Python code on a vLLM process
-under load, and run in a thread of the hunt it would hold the hunt's GIL against the tick thread and the
-eBPF ring's consumer (ticks 10-49 s late, ring overflows). The worker reads one JSON request a line on stdin
-and answers one JSON line on stdout; it runs niced, dies with the hunt (PR_SET_PDEATHSIG, and stdin's end)
-and keeps, per target, the walk of the frozen set (stable once frozen) between walks."""
+The walks run in the walker process (leaktrace.probes.pyheap.worker), which sets :data:`YIELD_GIL` and
+cancels a walk under way through :func:`cancel`."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import struct
-import sys
 import time
 from collections import defaultdict
 from typing import Any
@@ -48,9 +42,16 @@ CANCEL_SIGNAL = signal.SIGUSR1
 _cancelled = False
 
 
-def _cancel(_signum: int, _frame: Any) -> None:
-    global _cancelled  # noqa: PLW0603
+def cancel(_signum: int, _frame: Any) -> None:
+    """CANCEL_SIGNAL's handler in the walker process: the walk under way gives up."""
+    global _cancelled
     _cancelled = True
+
+
+def clear_cancel() -> None:
+    """A new request: a cancel meant the walk before it."""
+    global _cancelled
+    _cancelled = False
 
 
 def _walk(mem: ProcMem, head: int, stops: set[int] | frozenset[int] = frozenset(),
@@ -174,76 +175,3 @@ def _tp_name(mem: ProcMem, tp: int) -> str | None:
         return None
     name = raw.decode("utf-8", "replace")
     return name if name.isprintable() else None
-
-
-def _die_with_parent(ppid: int) -> bool:
-    """PR_SET_PDEATHSIG(SIGKILL): the worker never outlives the hunt (the thread that started it).
-    False when the hunt already ended (the parent is not ``ppid`` any more)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-    return os.getppid() == ppid
-
-
-def serve(requests: Any, answer: Any) -> None:
-    """Answer each request line of ``requests``: ``{"id", "pid", "where": Interpreter fields, "budget": s,
-    "frozen_max_age": s}``
-    → ``{"id", "ok": read_python_heap(...), "cpu_s"}`` (``types`` as {name: [objects, frozen]}) or ``{"id",
-    "error": exception class, "msg"}``; ``{"forget": pid}`` drops what is kept of a process. Ends at
-    the end of ``requests``."""
-    global _cancelled  # noqa: PLW0603
-    from leaktrace.probes.pyheap_read import FROZEN_REWALK_S, Interpreter, read_python_heap
-
-    frozen: dict[int, dict[str, Any]] = {}  # pid -> its frozen set's last walk (read_python_heap's cache)
-    for line in requests:
-        try:
-            req = json.loads(line)
-        except ValueError:
-            continue
-        if "forget" in req:
-            frozen.pop(int(req["forget"]), None)
-            continue
-        rid, pid = req.get("id"), int(req["pid"])
-        _cancelled = False  # a cancel meant the walk before this request
-        c0 = time.process_time()
-        try:
-            st = read_python_heap(pid, walk=True, where=Interpreter(**req["where"]),
-                                  frozen_cache=frozen.setdefault(pid, {}), budget=float(req.get("budget", WALK_BUDGET_S)),
-                                  frozen_max_age=float(req.get("frozen_max_age", FROZEN_REWALK_S)))
-            # the walk's CPU seconds (its wall time on a busy node is mostly waiting: the worker is niced)
-            msg: dict[str, Any] = {"id": rid, "ok": st, "cpu_s": round(time.process_time() - c0, 4)}
-        except Exception as e:  # noqa: BLE001 - said to the hunt, which decides
-            frozen.pop(pid, None)
-            msg = {"id": rid, "error": type(e).__name__, "msg": str(e)}
-        answer.write(json.dumps(msg, separators=(",", ":")) + "\n")
-        answer.flush()
-
-
-def worker_main(argv: list[str]) -> int:
-    global YIELD_GIL  # noqa: PLW0603
-    if len(argv) != 2 or argv[0] != "--worker":
-        print("usage: python -m leaktrace.probes.pyheap_walk --worker PARENT_PID", file=sys.stderr)
-        return 2
-    if not _die_with_parent(int(argv[1])):
-        return 0
-    YIELD_GIL = False
-    try:
-        os.nice(WORKER_NICE)
-    except OSError:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the hunt's terminal: the hunt stops it
-    signal.signal(CANCEL_SIGNAL, _cancel)
-    sys.stdout.write('{"ready":true}\n')
-    sys.stdout.flush()
-    serve(sys.stdin, sys.stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    # run as the module the rest of leaktrace imports (``-m`` makes this file ``__main__``, a second copy)
-    from leaktrace.probes import pyheap_walk
-
-    sys.exit(pyheap_walk.worker_main(sys.argv[1:]))
