@@ -23,12 +23,13 @@ LIBC_RE = re.compile(r"(^|/)libc(\.so\.6|-[0-9.]+\.so)$")
 
 
 class ProcMem:
-    """Reads another process's memory through /proc/PID/mem (pread; the target keeps running)."""
+    """Reads another process's memory through /proc/PID/mem (pread; the target keeps running); ``writable``
+    also writes it (pwrite, as a debugger puts code back)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, writable: bool = False) -> None:
         self.pid = pid
         try:
-            self.fd = os.open(f"{procfs.PROC}/{pid}/mem", os.O_RDONLY)
+            self.fd = os.open(f"{procfs.PROC}/{pid}/mem", os.O_RDWR if writable else os.O_RDONLY)
         except (FileNotFoundError, ProcessLookupError) as e:
             raise ProcessGone(pid, "mem") from e
         except PermissionError as e:
@@ -37,8 +38,15 @@ class ProcMem:
     def read(self, addr: int, size: int) -> bytes | None:
         try:
             return os.pread(self.fd, size, addr)
-        except OSError:
-            return None  # unmapped, or the process went away between two reads
+        except (OSError, OverflowError):
+            return None  # unmapped (or past the address space), or the process went away between two reads
+
+    def write(self, addr: int, data: bytes) -> int:
+        """Bytes written at ``addr`` (0 when it cannot be written)."""
+        try:
+            return os.pwrite(self.fd, data, addr)
+        except (OSError, OverflowError):
+            return 0
 
     def read_ptr(self, addr: int) -> int | None:
         b = self.read(addr, 8)
@@ -64,6 +72,16 @@ class ProcMem:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_bytes(pid: int, addr: int, size: int) -> bytes:
+    """``size`` bytes of a live process at ``addr`` in one read: b"" when they cannot be read (unmapped, the
+    process gone, not ours to read)."""
+    try:
+        with ProcMem(pid) as mem:
+            return mem.read(addr, size) or b""
+    except (ProcessGone, AccessDenied):
+        return b""
 
 
 def load_bias(maps: list[procfs.Mapping], path: str) -> int | None:

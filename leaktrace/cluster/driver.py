@@ -154,7 +154,7 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
     log(f"hunting on {len(nodes)} node(s): " + ", ".join(
         f"{n.get('NodeManagerHostname')} ({n.get('NodeManagerAddress')})" for n in nodes))
     run_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(3).hex()
-    wire = {"run_id": run_id, "duration": request.duration, "hunt_args": list(request.hunt_args), "vllm": request.vllm,
+    wire = {"run_id": run_id, "hunt": asdict(request.hunt), "vllm": request.vllm,
             "match": request.match, "shared_dir": request.shared_dir, "timeout_s": request.timeout_s}
     # num_cpus=0: a node whose CPUs are all claimed by vLLM's own actors must still run the hunt.
     # max_retries=0: a hunt that died is a result to report, not something to start over.

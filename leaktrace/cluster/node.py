@@ -9,29 +9,18 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from leaktrace import procfs
 from leaktrace.cluster.request import node_label
 from leaktrace.errors import BpfUnavailable, LeaktraceError
+from leaktrace.huntspec import HuntSpec
 from leaktrace.vllm.discover import vllm_targets
-
-
-def _ancestors(pid: int) -> set[int]:
-    out: set[int] = set()
-    while pid > 1 and pid not in out:
-        out.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            break
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return out
 
 
 def _is_leaktrace(args: list[str], pattern: str) -> bool:
@@ -48,21 +37,21 @@ def match_processes(pattern: str, exclude: set[int] | None = None) -> list[dict[
     """Processes whose command line (arguments joined by spaces) matches ``pattern`` (re.search), minus
     this process and its ancestors (the Ray worker and raylet running the hunt) and leaktrace itself."""
     rx = re.compile(pattern)
-    skip = _ancestors(os.getpid()) | (exclude or set())
+    skip = procfs.ancestors(os.getpid()) | (exclude or set())
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) in skip:
+    for pid in procfs.iter_pids():
+        if pid in skip:
             continue
         try:
-            raw = Path(entry.path, "cmdline").read_bytes()
-        except OSError:  # gone, or not ours to read
+            raw = procfs.read_proc_bytes(pid, "cmdline")
+        except LeaktraceError:  # gone, or not ours to read
             continue
         if not raw:  # kernel threads and zombies
             continue
         args = raw.rstrip(b"\0").decode(errors="replace").split("\0")
         cmdline = " ".join(args)
         if rx.search(cmdline) and not _is_leaktrace(args, pattern):
-            found.append({"pid": int(entry.name), "cmdline": cmdline[:300]})
+            found.append({"pid": pid, "cmdline": cmdline[:300]})
     return sorted(found, key=lambda p: p["pid"])
 
 
@@ -117,8 +106,8 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
     result: dict[str, Any] = {**ident, "status": "failed", "reason": None, "no_targets": False,
                               "targets": [], "rc": None, "notes": [],
                               "stderr_tail": "", "session_tar": None, "session_path": None}
-    argv = [sys.executable, "-m", "leaktrace", "hunt", "--duration", str(request["duration"]), "--no-live",
-            *request["hunt_args"]]
+    spec = HuntSpec(**request["hunt"])
+    targets: dict[str, Any] = {}
     if request["vllm"]:
         found = _vllm_roots()
         if found == []:
@@ -126,24 +115,21 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
             result["reason"] = "no vLLM server on this node"
             return _finish(result, t0)
         result["targets"] = [{"pid": p} for p in found or []]
-        argv.append("--vllm")
+        targets["vllm"] = True
     elif request["match"] is not None:
-        targets = match_processes(request["match"])
-        result["targets"] = targets
-        if not targets:
+        result["targets"] = match_processes(request["match"])
+        if not result["targets"]:
             result["status"], result["no_targets"] = "ok", True  # nothing to hunt is not a failure
             result["reason"] = f"no process on this node matches --match {request['match']!r}"
             return _finish(result, t0)
-        for t in targets:
-            argv += ["--pid", str(t["pid"])]
+        targets["pids"] = tuple(t["pid"] for t in result["targets"])
     else:
         result["targets"] = [{"pid": p} for p in node_pids]
         if not node_pids:
             result["status"], result["no_targets"] = "ok", True  # nothing to hunt is not a failure
             result["reason"] = "no --pid was given for this node"
             return _finish(result, t0)
-        for p in node_pids:
-            argv += ["--pid", str(p)]
+        targets["pids"] = tuple(node_pids)
 
     label = node_label(ident["hostname"], ident["node_id"])
     if request.get("shared_dir"):
@@ -154,7 +140,7 @@ def run_node_hunt(request: dict[str, Any], node_pids: list[int]) -> dict[str, An
         # The run id in the path lets stop_node_hunts() find this hunt by its command line.
         cleanup = Path(tempfile.mkdtemp(prefix=f"leaktrace-node-{request['run_id']}-"))
         out = cleanup / "session"
-    argv += ["--out", str(out)]
+    argv = replace(spec, live=False, out=str(out), **targets).argv()
     timeout = float(request["timeout_s"]) - 5.0  # leave the task time to pack and answer
     try:
         rc, stderr, result["reason"] = _run_hunt(argv, timeout, max(1.0, timeout - (time.monotonic() - t0)))

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from leaktrace.errors import UsageError
+from leaktrace.huntspec import HuntSpec
 
 CLUSTER_SCHEMA = "leaktrace.cluster/1"
 CLUSTER_META = "cluster.json"
@@ -48,8 +49,7 @@ class ClusterRequest:
     match: str | None = None
     pids: list[PidSpec] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)  # selectors; empty: every alive node (see select_nodes)
-    duration: float = 60.0
-    hunt_args: list[str] = field(default_factory=list)  # passed to `leaktrace hunt` unchanged, on every node
+    hunt: HuntSpec = field(default_factory=HuntSpec)  # every node's hunt; there it gets its targets and --out
     shared_dir: str | None = None
     node_timeout: float | None = None  # None: duration + DEFAULT_GRACE_S
     node_ip_address: str | None = None  # the driver's own node IP, when Ray cannot tell it
@@ -74,6 +74,10 @@ class ClusterRequest:
             raise UsageError("--duration must be positive")
         if self.shared_dir is not None and not os.path.isabs(self.shared_dir):
             raise UsageError("--shared-dir must be an absolute path, the same on every node")
+
+    @property
+    def duration(self) -> float:
+        return self.hunt.duration
 
     @property
     def timeout_s(self) -> float:

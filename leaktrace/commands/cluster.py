@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import click
 
 from leaktrace.commands import format_option
 from leaktrace.commands.hunt import make_logger
+from leaktrace.commands.options import match_option, probe_options, quiet_option
+from leaktrace.huntspec import HuntSpec
 from leaktrace.outdir import output_dir
 from leaktrace.report.formats import REPORT_FORMATS
+
+_HUNT = HuntSpec()
 
 
 @click.group("cluster")
@@ -26,24 +31,16 @@ def cluster() -> None:
 @click.option("--address", required=True,
               help="Ray cluster: HOST:PORT of the head's GCS, ray://HOST:10001 (Ray Client) or auto.")
 @click.option("--vllm", is_flag=True, help="On each node, hunt every vLLM server found there.")
-@click.option("--match", "match", default=None, metavar="REGEX",
-              help="On each node, hunt the processes whose command line matches REGEX (re.search).")
+@match_option("On each node, hunt")
 @click.option("--pid", "pids", multiple=True, metavar="[NODE=]PID",
               help="Hunt PID; NODE (IP, hostname, node-id prefix or custom resource) says on which node. "
                    "Repeatable.")
 @click.option("--nodes", "node_selectors", default="", metavar="NODE,...",
               help="Only these nodes (IP, hostname, node-id prefix or custom resource); default: every alive node "
                    "(or the nodes named by --pid NODE=PID).")
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds to hunt on each node.")
-@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between watcher ticks.")
-@click.option("--smaps-every", type=int, default=10, show_default=True, help="Full smaps diff every N ticks.")
-@click.option("--gdb-samples", type=int, default=None, help="gdb stack samples per process (0 disables).")
-@click.option("--metrics", "metrics_urls", multiple=True,
-              help="vLLM /metrics URL to scrape, as each node sees it (repeatable).")
-@click.option("--no-bpf", is_flag=True, help="Do not load the eBPF probes.")
-@click.option("--no-gdb", is_flag=True, help="Do not attach gdb.")
-@click.option("--pyheap/--no-pyheap", default=True, show_default=True,
-              help="Read the Python heap (GC state, objects by type) of Python targets (on by default).")
+@click.option("--duration", type=float, default=_HUNT.duration, show_default=True,
+              help="Seconds to hunt on each node.")
+@probe_options(", as each node sees it")
 @format_option(REPORT_FORMATS, None)
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Cluster session directory to write (default: a new ./leaktrace-cluster-DATE-TIME); one "
@@ -55,12 +52,10 @@ def cluster() -> None:
               help="Seconds to wait for each node's answer (default: --duration + 120).")
 @click.option("--node-ip-address", default=None,
               help="This machine's IP as a Ray node, when Ray cannot tell it (several IPs, containers).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@quiet_option()
 def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], node_selectors: str,
-         duration: float, interval: float, smaps_every: int, gdb_samples: int | None,
-         metrics_urls: tuple[str, ...], no_bpf: bool, no_gdb: bool, pyheap: bool, formats: tuple[str, ...] | None,
-         out: str | None, shared_dir: str | None, node_timeout: float | None, node_ip_address: str | None,
-         quiet: bool) -> None:
+         duration: float, out: str | None, shared_dir: str | None, node_timeout: float | None,
+         node_ip_address: str | None, quiet: bool, **probes: Any) -> None:
     """Run `leaktrace hunt` on every selected node of the Ray cluster at --address, with the same
     options everywhere, and merge the node sessions into OUT (report.json, report.md, nodes/).
     --format is the formats of each node's session (nodes/<node>/: report.json always; by default what
@@ -79,12 +74,13 @@ def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], nod
     from leaktrace.cluster.request import ClusterRequest, PidSpec
     from leaktrace.errors import UsageError
 
-    if interval <= 0:
+    # Each node's hunt: these options, its duration, and on the node its targets and session directory.
+    spec = HuntSpec(duration=duration, **probes)
+    if spec.interval <= 0:
         raise UsageError("--interval must be positive")
     request = ClusterRequest(
         address=address, vllm=vllm, match=match, pids=[PidSpec.parse(p) for p in pids],
-        nodes=[s for s in node_selectors.split(",") if s.strip()], duration=duration,
-        hunt_args=_hunt_args(interval, smaps_every, gdb_samples, metrics_urls, no_bpf, no_gdb, pyheap, formats),
+        nodes=[s for s in node_selectors.split(",") if s.strip()], hunt=spec,
         shared_dir=shared_dir, node_timeout=node_timeout, node_ip_address=node_ip_address)
     request.validate()
     import_ray()  # before anything else happens: without Ray, one line saying how to get it
@@ -95,21 +91,6 @@ def hunt(address: str, vllm: bool, match: str | None, pids: tuple[str, ...], nod
     with output_dir(out, prefix="leaktrace-cluster") as out_dir:
         report = cluster_hunt(request, out_dir, log=make_logger(quiet))
     _print_summary(report, str(out_dir))
-
-
-def _hunt_args(interval: float, smaps_every: int, gdb_samples: int | None, metrics_urls: tuple[str, ...],
-               no_bpf: bool, no_gdb: bool, pyheap: bool, formats: tuple[str, ...] | None = None) -> list[str]:
-    args = ["--interval", str(interval), "--smaps-every", str(max(1, smaps_every))]
-    if gdb_samples is not None:
-        args += ["--gdb-samples", str(gdb_samples)]
-    for url in metrics_urls:
-        args += ["--metrics", url]
-    args += ["--no-bpf"] if no_bpf else []
-    args += ["--no-gdb"] if no_gdb else []
-    args += [] if pyheap else ["--no-pyheap"]
-    # Only when asked: a node keeps its own default otherwise.
-    args += ["--format", ",".join(formats)] if formats is not None else []
-    return args
 
 
 def _print_summary(report: dict, out: str) -> None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import click
 
 from leaktrace import outdir
 from leaktrace.commands import format_option
+from leaktrace.commands.hunt import make_logger
+from leaktrace.commands.options import match_option, prometheus_options, quiet_option
 from leaktrace.errors import OutputNotWritable, SessionExists, UsageError
 from leaktrace.report.formats import REPORT_FORMATS
 from leaktrace.watch import (
@@ -48,15 +49,13 @@ def watch_dir(out: str | None) -> Path:
 @click.command("watch")
 @click.option("--pid", "pids", type=int, multiple=True, help="Root of a process tree to follow (repeatable).")
 @click.option("--vllm", is_flag=True, help="Follow every vLLM server on this host, those started later too.")
-@click.option("--match", "match", default=None, metavar="REGEX",
-              help="Follow every process whose command line matches REGEX (re.search), those started later too.")
+@match_option("Follow", ", those started later too")
 @click.option("--interval", type=float, default=DEFAULT_INTERVAL_S, show_default=True,
               help="Seconds between ticks (smaps_rollup of each process, the selection rescanned).")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Watch directory: watch.json and incidents/ (default: a new ./leaktrace-watch-DATE-TIME). "
                    "An earlier watch's directory is continued.")
-@click.option("--prometheus-port", type=int, default=None, help="Serve the metrics on 127.0.0.1:PORT/metrics.")
-@click.option("--prometheus-addr", default="127.0.0.1", show_default=True, help="Address the endpoint binds to.")
+@prometheus_options("Serve the metrics on 127.0.0.1:PORT/metrics.")
 @click.option("--leak-mb-per-min", type=float, default=None,
               help="Growth that counts as a leak (default: the hunt's verdict threshold, 1 MB/min).")
 @click.option("--confirm-s", type=float, default=DEFAULT_CONFIRM_S, show_default=True,
@@ -70,7 +69,7 @@ def watch_dir(out: str | None) -> Path:
               help="No eBPF ledger, in the watch nor its deep hunts (/proc, and gdb in deep hunts, only).")
 @click.option("--no-gdb", is_flag=True, help="Deep hunts without gdb.")
 @format_option(REPORT_FORMATS, "json,md,html")
-@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@quiet_option()
 def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float, out: str | None,
           prometheus_port: int | None, prometheus_addr: str, leak_mb_per_min: float | None, confirm_s: float,
           deep_hunt_s: float, max_disk_mb: float, duration: float | None, no_bpf: bool, no_gdb: bool,
@@ -114,12 +113,8 @@ def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float,
                            max_disk_mb=max_disk_mb, duration=duration, bpf=not no_bpf, gdb=not no_gdb,
                            formats=formats)
 
-    def log(msg: str) -> None:
-        if not quiet:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {msg}", err=True)
-
     out_dir = watch_dir(out)
-    w = Watch(options, out_dir, log=log)
+    w = Watch(options, out_dir, log=make_logger(quiet))
     w.verbose = bool((click.get_current_context().find_root().obj or {}).get("verbose"))
     reason = w.run()
     click.echo(f"watch stopped: {reason}; {w.incidents_total} incident(s); {out_dir / 'watch.json'}")

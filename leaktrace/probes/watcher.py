@@ -14,8 +14,6 @@ import json
 import os
 from typing import Any
 
-import psutil
-
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, ProcessGone
 from leaktrace.probes import HuntContext
@@ -44,13 +42,6 @@ FULL_SMAPS_MAX_SKIPS = 6
 # periodic one, so it is rare: PSS and swap are at most 30 ticks old, the RSS and anonymous rates exact.
 ROLLUP_MOVE_BYTES = 4 << 20
 ROLLUP_MAX_SKIPS = 30
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def label_of(pid: int) -> str:
@@ -110,7 +101,7 @@ class WatcherProbe:
         with ts.lock:
             known = dict(ts.pids)
         for pid, ppid in known.items():
-            if pid not in found and pid not in ts.roots and _alive(pid) and self._same_process(pid):
+            if pid not in found and pid not in ts.roots and procfs.is_alive(pid) and self._same_process(pid):
                 found[pid] = ppid
         # A child pid reused by a new child between two ticks: the old process exited, a new one is seen.
         reused = {p for p in found if p in known and not self._same_process(p, stats.get(p))}
@@ -156,8 +147,8 @@ class WatcherProbe:
         except (ProcessGone, AccessDenied):
             cmd, comm = [], "?"
         try:
-            exe = psutil.Process(pid).exe()
-        except (psutil.Error, OSError):
+            exe = procfs.exe_path(pid)
+        except (ProcessGone, AccessDenied):
             exe = ""
         label = self.ctx.targets.labels.get(pid) or comm
         self.ctx.targets.labels.setdefault(pid, label)

@@ -1,14 +1,19 @@
-"""Race-aware /proc readers (the pure parsers are in procfs/parsers.py, re-exported here).
+"""Race-aware /proc readers (the pure parsers are in procfs/parsers.py, re-exported here): the one home of
+reads of another process's /proc files and of the process tree (a process's memory: leaktrace.procmem).
 
 Every reader turns "the process is gone" into :class:`ProcessGone` and "not allowed" into
-:class:`AccessDenied`; parsers are pure functions over text so they can be tested on recorded files.
+:class:`AccessDenied`; parsers are pure functions over text so they can be tested on recorded files. Every
+path is under :data:`PROC` (``LEAKTRACE_PROC``, for tests on a recorded /proc), psutil's reads included.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from collections.abc import Mapping as MappingOf
+
+import psutil
 
 from leaktrace.errors import AccessDenied, NoSuchProcess, ProcessGone
 from leaktrace.procfs.parsers import (
@@ -34,7 +39,10 @@ __all__ = [
     "PAGE_SIZE",
     "PROC",
     "ParseError",
+    "ancestors",
     "children_map",
+    "exe_path",
+    "is_alive",
     "iter_pids",
     "parse_cmdline",
     "parse_environ",
@@ -67,10 +75,12 @@ __all__ = [
     "stat_field",
     "status_int",
     "status_kb",
+    "walk_tree",
 ]
 
 PROC = os.environ.get("LEAKTRACE_PROC", "/proc")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+psutil.PROCFS_PATH = PROC  # psutil reads where the rest of leaktrace does
 
 
 # ----------------------------------------------------------------------------- reading
@@ -209,6 +219,25 @@ def read_comm(pid: int) -> str:
     return read_proc_text(pid, "comm").strip()
 
 
+def exe_path(pid: int) -> str:
+    """The executable's path ("" when the kernel does not say: a zombie, a kernel thread). psutil's reader:
+    it knows /proc/PID/exe's quirks (a " (deleted)" suffix, a zombie's ENOENT)."""
+    try:
+        return psutil.Process(pid).exe()
+    except psutil.NoSuchProcess as e:
+        raise ProcessGone(pid, "exe") from e
+    except psutil.AccessDenied as e:
+        raise AccessDenied(pid, f"/proc/{pid}/exe") from e
+
+
+def is_alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (psutil's status)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def iter_pids() -> Iterator[int]:
     for name in os.listdir(PROC):
         if name.isdigit():
@@ -235,16 +264,35 @@ def children_map(stats: dict[int, dict[str, object]] | None = None) -> dict[int,
     return out
 
 
-def process_tree(roots: list[int], stats: dict[int, dict[str, object]] | None = None) -> dict[int, int]:
-    """Every live process in the trees rooted at ``roots``: {pid: ppid} (``stats`` as for children_map)."""
-    stats = process_stats() if stats is None else stats
-    kids = children_map(stats)
-    out: dict[int, int] = {}
+def walk_tree(roots: Iterable[int], kids: MappingOf[int, list[int]]) -> list[int]:
+    """``roots`` and all their descendants in ``kids`` (ppid → [pid], as :func:`children_map` gives), each
+    once, depth first."""
+    out: dict[int, None] = {}
     stack = list(roots)
     while stack:
         pid = stack.pop()
-        if pid in out or pid not in stats:
+        if pid in out:
             continue
-        out[pid] = int(stats[pid]["ppid"])  # type: ignore[call-overload]
+        out[pid] = None
         stack.extend(kids.get(pid, []))
+    return list(out)
+
+
+def process_tree(roots: list[int], stats: dict[int, dict[str, object]] | None = None) -> dict[int, int]:
+    """Every live process in the trees rooted at ``roots``: {pid: ppid} (``stats`` as for children_map)."""
+    stats = process_stats() if stats is None else stats
+    tree = walk_tree([r for r in roots if r in stats], children_map(stats))
+    return {pid: int(stats[pid]["ppid"]) for pid in tree}  # type: ignore[call-overload]
+
+
+def ancestors(pid: int) -> set[int]:
+    """``pid`` and its ancestors up to (not including) init, read now; those whose stat cannot be read end
+    the chain."""
+    out: set[int] = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(read_stat(pid)["ppid"])  # type: ignore[call-overload]
+        except (ProcessGone, AccessDenied, ParseError, IndexError, ValueError):
+            break
     return out

@@ -87,35 +87,23 @@ def _read_env(pid: int, maps: list[procfs.Mapping] | None) -> tuple[dict[str, st
 # ----------------------------------------------------------------------------- the scan
 
 def _scan() -> tuple[dict[int, dict[str, Any]], dict[int, list[int]]]:
-    """{pid: {ppid, comm, argv}} for every readable process, and ppid -> children."""
+    """{pid: {ppid, comm, argv}} for every readable process with a command line (not a kernel thread or a
+    zombie), and ppid -> children among them."""
     procs: dict[int, dict[str, Any]] = {}
-    kids: dict[int, list[int]] = {}
-    for pid in procfs.iter_pids():
+    stats = procfs.process_stats()
+    for pid, st in stats.items():
         try:
-            st = procfs.read_stat(pid)
             argv = procfs.read_cmdline(pid, redact=False)
-        except (ProcessGone, AccessDenied, procfs.ParseError, IndexError, ValueError):
+        except (ProcessGone, AccessDenied):
             continue
-        if not argv:
-            continue  # kernel thread or zombie
-        ppid = int(st["ppid"])  # type: ignore[arg-type]
-        procs[pid] = {"pid": pid, "ppid": ppid, "comm": str(st["comm"]), "argv": argv}
-        kids.setdefault(ppid, []).append(pid)
-    return procs, kids
+        if argv:
+            procs[pid] = {"pid": pid, "ppid": int(st["ppid"]), "comm": str(st["comm"]), "argv": argv}  # type: ignore[call-overload]
+    return procs, procfs.children_map({pid: stats[pid] for pid in procs})
 
 
 def _label(p: dict[str, Any]) -> tuple[str, str | None]:
     """(label, title or kind detail)."""
     return classify_argv(p["argv"])
-
-
-def _descendants(root: int, kids: dict[int, list[int]]) -> list[int]:
-    out, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(kids.get(pid, []))
-    return out
 
 
 def _scrape_role(host: str | None, port: int, timeout: float = 1.0) -> tuple[str | None, str]:
@@ -171,7 +159,7 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             anc = procs[anc]["ppid"]
         if nested:
             continue
-        for d in _descendants(pid, kids):
+        for d in procfs.walk_tree([pid], kids):
             instance_of.setdefault(d, pid)
     # Titled vLLM processes whose API server is gone or elsewhere (offline LLM(), a bare EngineCore)
     # form an instance rooted at their top-most titled ancestor.
@@ -181,14 +169,14 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
         root = pid
         while procs.get(procs[root]["ppid"]) and labels[procs[root]["ppid"]][1]:
             root = procs[root]["ppid"]
-        for d in _descendants(root, kids):
+        for d in procfs.walk_tree([root], kids):
             instance_of.setdefault(d, root)
 
     if pids is not None:
         wanted: set[int] = set()
         for p in pids:
             if p in procs:
-                wanted.update(_descendants(p, kids))
+                wanted.update(procfs.walk_tree([p], kids))
     elif all_processes:
         wanted = set(procs)
     else:

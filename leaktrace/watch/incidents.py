@@ -18,13 +18,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from leaktrace.errors import LeaktraceError
+from leaktrace.huntspec import HuntSpec
 from leaktrace.procfs.exits import describe_exit
 from leaktrace.report import render_session
 from leaktrace.session import SessionWriter
@@ -85,15 +85,9 @@ def start_deep_hunt(out: Path, pid: int, root: int, t: float, options: Any) -> I
     """A normal `hunt` of the tree rooted at ``root`` (``pid`` leaks) for --deep-hunt-s, as a child process."""
     path = incident_dir(out, pid)
     path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "leaktrace", "hunt", "--pid", str(root), "--duration", str(options.deep_hunt_s),
-           "--interval", str(min(1.0, options.interval)), "--out", str(path), "--no-live", "-q",
-           "--format", ",".join(options.formats)]
-    if not options.bpf:
-        cmd.append("--no-bpf")
-    if not options.gdb:
-        cmd.append("--no-gdb")
-    if options.vllm:
-        cmd.append("--vllm")
+    cmd = HuntSpec(pids=(root,), duration=options.deep_hunt_s, interval=min(1.0, options.interval), out=str(path),
+                   live=False, quiet=True, formats=tuple(options.formats), no_bpf=not options.bpf,
+                   no_gdb=not options.gdb, vllm=options.vllm).argv()
     inc = Incident("leak", pid, root, path, t, utc_stamp())
     log = open(path.parent / f".{path.name}.log", "w")  # noqa: SIM115 - the child holds it
     try:

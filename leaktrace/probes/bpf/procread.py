@@ -1,5 +1,5 @@
-"""The /proc reads the eBPF probe makes (through leaktrace.procfs): a process's maps for the ledger, its
-start_brk, whether a pid is a process. Split from probe.py (move only)."""
+"""The /proc reads the eBPF probe makes (through leaktrace.procfs), shaped for it: a process's maps as the
+ledger's entries, its start_brk, whether a pid is a process."""
 
 from __future__ import annotations
 

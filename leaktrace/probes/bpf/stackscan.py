@@ -30,6 +30,7 @@ import numpy as np
 from leaktrace.memclass import LIBC_LIBRARY, MEMORY_HOOK_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 from leaktrace.probes.bpf.procread import _read_maps
+from leaktrace.procmem import read_bytes
 
 # libc entry points that allocate from malloc's heaps: a growth whose libc frames pass through one is malloc's
 MALLOC_FUNCTIONS = frozenset({"malloc", "calloc", "realloc", "reallocarray", "memalign", "posix_memalign",
@@ -217,7 +218,7 @@ class StackScanner:
             return None
         target = (ret + int.from_bytes(code[-4:], "little", signed=True)) & 0xFFFFFFFFFFFFFFFF
         for _ in range(4):
-            nxt = _jump_target(target, _read_mem(pid, target, 16), lambda a: _read_mem(pid, a, 8))
+            nxt = _jump_target(target, read_bytes(pid, target, 16), lambda a: read_bytes(pid, a, 8))
             if nxt is None:
                 break
             target = nxt
@@ -231,11 +232,9 @@ class StackScanner:
                 with open(path, "rb") as f:
                     f.seek(addr - m.start + m.offset)
                     return f.read(n)
-            with open(f"/proc/{pid}/mem", "rb") as f:
-                f.seek(addr)
-                return f.read(n)
         except (OSError, ValueError, OverflowError):
             return b""
+        return read_bytes(pid, addr, n)
 
     def is_return_address(self, pid: int, addr: int) -> bool:
         return self._info(pid, addr)[0]
@@ -350,16 +349,6 @@ class StackScanner:
                 if hit:
                     return True
         return False
-
-
-def _read_mem(pid: int, addr: int, n: int) -> bytes:
-    """Bytes of the live process (patched code, a GOT filled by the dynamic linker): b"" when unreadable."""
-    try:
-        with open(f"/proc/{pid}/mem", "rb", 0) as f:
-            f.seek(addr)
-            return f.read(n)
-    except (OSError, ValueError, OverflowError):
-        return b""
 
 
 def _jump_target(addr: int, code: bytes, read_word) -> int | None:

@@ -13,6 +13,7 @@ import os
 
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
+from leaktrace.procmem import ProcMem
 
 INT3 = 0xCC
 DYNAMIC_LINKER = "ld-linux"  # gdb's shared-library event breakpoints live in its code
@@ -29,18 +30,15 @@ def restore_breakpoints(pid: int, site: int = 0) -> int:
     spans += [(m.start, m.end, m) for m in maps if os.path.basename(m.path).startswith(DYNAMIC_LINKER)]
     restored = 0
     try:
-        with open(f"/proc/{pid}/mem", "r+b", 0) as mem:
+        with ProcMem(pid, writable=True) as mem:
             for lo, hi, m in spans:
                 with open(m.path, "rb") as f:
                     f.seek(lo - m.start + m.offset)
                     want = f.read(hi - lo)
-                mem.seek(lo)
-                got = mem.read(len(want))
-                for i, (a, b) in enumerate(zip(got, want, strict=True)):
+                got = mem.read(lo, len(want)) or b""
+                for i, (a, b) in enumerate(zip(got, want, strict=False)):
                     if a == INT3 and b != INT3:
-                        mem.seek(lo + i)
-                        mem.write(bytes([b]))
-                        restored += 1
-    except OSError:
+                        restored += mem.write(lo + i, bytes([b]))
+    except (OSError, LeaktraceError):
         pass
     return restored

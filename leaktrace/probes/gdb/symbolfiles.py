@@ -29,7 +29,7 @@ def symbol_files(pid: int) -> list[tuple[str, int]]:
     the attach). The path is reached through /proc/PID/root when the process sees another filesystem."""
     try:
         maps = procfs.read_maps(pid)
-        exe = os.readlink(f"/proc/{pid}/exe")
+        exe = procfs.exe_path(pid)
     except (LeaktraceError, OSError):
         return []
     code = {m.path for m in maps if "x" in m.perms and m.path.startswith("/") and m.path != exe}
@@ -37,7 +37,7 @@ def symbol_files(pid: int) -> list[tuple[str, int]]:
     for m in maps:
         if m.path in code and m.offset == 0:
             code.discard(m.path)
-            path = m.path if _same_file(m.path, m.inode) else f"/proc/{pid}/root{m.path}"
+            path = m.path if _same_file(m.path, m.inode) else f"{procfs.PROC}/{pid}/root{m.path}"
             try:
                 out.append((path, m.start - first_load_vaddr(path)))
             except (OSError, ValueError):

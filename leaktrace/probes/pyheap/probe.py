@@ -23,7 +23,6 @@ not measurable from outside (vLLM's ``VLLM_GC_DEBUG`` logs them in-process).
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
 import time
@@ -38,8 +37,8 @@ from leaktrace.probes.pyheap.interpreter import PY_LIB_RE, Interpreter, locate, 
 
 def _looks_like_python(pid: int) -> bool:
     try:
-        return bool(PY_LIB_RE.search(os.readlink(f"{procfs.PROC}/{pid}/exe")))
-    except OSError:
+        return bool(PY_LIB_RE.search(procfs.exe_path(pid)))
+    except LeaktraceError:
         return False
 
 
