@@ -46,7 +46,7 @@ def _cpu_s(pid: int) -> float:
 class _NoHookProbe(BpfProbe):
     """The probe without the hook's attribution: the kernel is never told where libucm is."""
 
-    def _set_hook_code(self, pid, maps) -> None:  # noqa: ANN001
+    def _set_hook_code(self, pid, maps) -> None:
         return None
 
 

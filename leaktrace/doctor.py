@@ -85,7 +85,7 @@ def _family_checks(name: str, fn: Callable[[], list[dict[str, Any]]]) -> list[Ch
         for c in fn():
             out.append(Check(c["name"], bool(c["ok"]), str(c.get("detail", "")), str(c.get("fix", "")),
                              bool(c.get("required", False))))
-    except Exception as e:  # noqa: BLE001 - a failing check is a finding, not a crash
+    except Exception as e:  # a failing check is a finding, not a crash
         out.append(Check(name, False, f"check failed: {e.__class__.__name__}: {e}",
                          "run `leaktrace -v doctor` as root to see why", False))
     return out

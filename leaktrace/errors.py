@@ -99,7 +99,3 @@ class TargetBusy(LeaktraceError, exit_code=12):
 
 class SessionExists(LeaktraceError, exit_code=13):
     """``--out`` already holds a session (or other files): never mixed, replaced only with --force."""
-
-
-class Interrupted(LeaktraceError, exit_code=130):
-    """Stopped by Ctrl-C: 130 is what a shell reports for a command that SIGINT ended (128 + 2)."""

@@ -280,7 +280,7 @@ def _stop_probe(p: Probe, ctx: HuntContext) -> None:
     t0 = time.monotonic()
     try:
         p.stop()
-    except Exception as e:  # noqa: BLE001 - stopping must reach every probe
+    except Exception as e:  # stopping must reach every probe
         ctx.warn(f"{p.name} stop: {e}")
     ctx.tick_costs.stopped(p.name, time.monotonic() - t0)
 
@@ -302,7 +302,7 @@ def _stop_and_close(started: list[Probe], ctx: HuntContext, stop_reason: str) ->
     for p in started:
         try:
             summaries[p.name] = p.summary()
-        except Exception:  # noqa: BLE001
+        except Exception:
             summaries[p.name] = {}
     duration = session.now() - (session.meta.get("attach_s") or 0.0)
     session.close(stop_reason=stop_reason, duration_s=duration, warnings=ctx.warnings,

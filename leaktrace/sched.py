@@ -154,7 +154,7 @@ class HuntPriority:
             self.done["group_error"] = f"cpu cgroup {group}: {e.strerror or e}"
             return
         self._cgroup_from, self._cgroup = mount, group
-        global _joined_from  # noqa: PLW0603
+        global _joined_from
         _joined_from = mount
         self.done["cgroup"] = str(group)
 
@@ -166,7 +166,7 @@ class HuntPriority:
             except OSError:
                 pass  # another hunt is in it, or it is gone: an empty group costs nothing
             self._cgroup_from = self._cgroup = None
-            global _joined_from  # noqa: PLW0603
+            global _joined_from
             _joined_from = None
         if self._autogroup_before is not None:
             set_autogroup_nice(0, self._autogroup_before)

@@ -201,7 +201,7 @@ def test_role_from_metrics_when_no_proxy(spawn, tmp_path) -> None:
         def log_message(self, *a):
             pass
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Length", str(len(text)))
             self.end_headers()

@@ -172,7 +172,7 @@ def test_target_execs(tmp_path, spawn, leaker_bin):
         def exec_seen_long_enough() -> bool:
             try:
                 pr = SessionReader(out).table("processes")
-            except Exception:  # noqa: BLE001 - a session being written: try again
+            except Exception:  # a session being written: try again
                 return False
             ex = pr[pr["event"] == "exec"] if "event" in pr else pr.iloc[0:0]
             return len(ex) > 0 and float(live_rollup(out)["t"].max()) >= float(ex["t"].iloc[0]) + 20.0

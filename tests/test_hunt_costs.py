@@ -16,7 +16,7 @@ from leaktrace.sched import HUNT_NICE
 from leaktrace.session import SessionReader
 
 sys.path.insert(0, str(REPO / "tests"))
-from fixtures.build import build  # noqa: E402
+from fixtures.build import build
 
 PY_TARGET = """
 import gc, time

@@ -75,7 +75,7 @@ def metrics_server():
         def log_message(self, *a):
             pass
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             state["n"] += 1
             body = text.replace('vllm:request_success_total{engine="0",finished_reason="length",'
                                 'model_name="/work/main/.cache/tiny-llama"} 5.0',

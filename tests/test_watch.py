@@ -23,7 +23,7 @@ import yaml
 from conftest import LEAKTRACE, REPO, is_root, run_cli, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from build import build  # noqa: E402
+from build import build
 
 RULES = REPO / "docs" / "prometheus" / "leaktrace-alerts.yml"
 DASHBOARD = REPO / "docs" / "grafana" / "leaktrace-dashboard.json"

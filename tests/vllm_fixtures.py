@@ -21,8 +21,8 @@ from conftest import LEAKTRACE, REPO
 
 sys.path.insert(0, str(REPO / "tests" / "targets"))
 
-import vintage_pd  # noqa: E402
-import vllm_servers  # noqa: E402
+import vintage_pd
+import vllm_servers
 
 # Load before anything is asserted: the NIXL handshake, the first KV transfers, and the workers' own warm-up
 # (oneDNN's primitive cache fills with the batch shapes that four clients make).

@@ -175,7 +175,7 @@ def ledger_candidates(reader: TableSource, info: dict[int, dict[str, Any]], warn
         return [], False
     try:
         found = native_culprits(reader, th["min_span_s"]) or []
-    except Exception as e:  # noqa: BLE001 - the ledger analysis failing must not lose the report
+    except Exception as e:  # the ledger analysis failing must not lose the report
         warnings.append(f"ledger analysis failed: {e.__class__.__name__}: {e}")
         return [], False
     out = []

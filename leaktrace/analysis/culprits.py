@@ -180,7 +180,7 @@ def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings:
         return
     try:
         joined = join_by_address(reader.table("regions"), reader.table("ledger_regions"))
-    except Exception as e:  # noqa: BLE001 - a failed join must not lose the report
+    except Exception as e:  # a failed join must not lose the report
         warnings.append(f"address join failed: {e.__class__.__name__}: {e}")
         return
     if joined.empty:
@@ -256,7 +256,7 @@ def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[
                 frames = list(max(counts, key=lambda k: counts[k]))
             else:
                 frames = [str(f) for f in gdb_stack_for(reader, c.pid, c.library)]
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             warnings.append(f"gdb join failed: {e.__class__.__name__}: {e}")
             return
         if frames:

@@ -41,7 +41,7 @@ class LedgerSite:
 def build_figures(reader: TableSource) -> Figures:
     try:
         by_library = ledger_by_library(reader)
-    except Exception:  # noqa: BLE001 - an optional plot: the report stands without it
+    except Exception:  # an optional plot: the report stands without it
         by_library = None
     return Figures(rollup=reader.table("rollup"), ledger_by_library=by_library, ledger_stacks=ledger_stacks(reader),
                    ledger_sites=ledger_sites(reader), start_wall=reader.meta.get("start_wall"))

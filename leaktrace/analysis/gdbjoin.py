@@ -1,4 +1,4 @@
-"""Joins gdb stack samples (the ``gdb_samples`` table, see leaktrace/probes/gdb.py) to memory regions.
+"""Joins gdb stack samples (the ``gdb_samples`` table, see leaktrace/probes/gdb/rows.py) to memory regions.
 
 The address an mmap/mremap returned identifies the region it created: a region ``[start, end)`` of
 the same pid that contains a sampled address gets that sample's full stack. This is how a raw-syscall

@@ -1,4 +1,4 @@
-"""Pure functions over a session's eBPF ledger tables (written by leaktrace/probes/bpf.py).
+"""Pure functions over a session's eBPF ledger tables (written by leaktrace/probes/bpf/snapshots.py).
 
 ``ledger_summary`` fills report.json's ``ledger``; ``native_culprits`` names the libraries whose
 outstanding mappings grow, with their rate (Theil–Sen over the per-tick ledger snapshots), the bytes

@@ -38,7 +38,7 @@ def _table(reader: TableSource, name: str) -> pd.DataFrame:
         df = reader.table(name)
     except SessionError:
         raise  # columns that disagree with their declaration (session.tables): never "no data"
-    except Exception:  # noqa: BLE001 - a missing or unreadable table is "no data", never a crash
+    except Exception:  # a missing or unreadable table is "no data", never a crash
         return pd.DataFrame()
     return df if df is not None else pd.DataFrame()
 

@@ -50,7 +50,7 @@ def _ledger_block(reader: TableSource, warnings: list[str], exits: dict[int, dic
     try:
         ledger.update(ledger_summary(reader) or {})
         ledger["available"] = True
-    except Exception as e:  # noqa: BLE001 - a failing optional analysis must not lose the report
+    except Exception as e:  # a failing optional analysis must not lose the report
         warnings.append(f"ledger summary failed: {e.__class__.__name__}: {e}")
     for ex in ledger.get("exits", []):
         ex["exit"] = exits.get(ex["pid"])
@@ -60,7 +60,7 @@ def _ledger_block(reader: TableSource, warnings: list[str], exits: dict[int, dic
 def _exits(reader: TableSource, warnings: list[str]) -> dict[int, dict[str, Any]]:
     try:
         return process_exits(reader)
-    except Exception as e:  # noqa: BLE001 - how a process ended is a nicety; the findings stand without it
+    except Exception as e:  # how a process ended is a nicety; the findings stand without it
         warnings.append(f"exit analysis failed: {e.__class__.__name__}: {e}")
         return {}
 
@@ -86,7 +86,7 @@ def _load_blocks(reader: TableSource, warnings: list[str]) -> dict[str, Any]:
     for name, fn in (("instances", load.instances), ("load", load.load)):
         try:
             val = fn(reader)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             warnings.append(f"{name} analysis failed: {e.__class__.__name__}: {e}")
             continue
         if val:
@@ -172,7 +172,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
     if with_first_named and culprits:
         try:
             first_named(reader, culprits)
-        except Exception as e:  # noqa: BLE001 - timing is a nicety; the findings stand without it
+        except Exception as e:  # timing is a nicety; the findings stand without it
             warnings.append(f"first_named_s not computed: {e.__class__.__name__}: {e}")
 
     short = sorted({c["pid"] for c in culprits if any(str(e).startswith("short-lived") for e in c["evidence"])})

@@ -139,7 +139,7 @@ def recognise(reader: TableSource, ledger: list[Candidate], warnings: list[str],
         if c.kind == "native-mmap":
             try:
                 st = stacks_of(reader, c, frames)
-            except Exception as e:  # noqa: BLE001 - the plain ledger culprit stands without it
+            except Exception as e:  # the plain ledger culprit stands without it
                 warnings.append(f"thread-stack analysis failed: {e.__class__.__name__}: {e}")
         if st is None:
             out.append(c)

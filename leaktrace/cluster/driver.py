@@ -67,7 +67,7 @@ def connect(request: ClusterRequest, log: Callable[[str], None]):
     t0 = time.monotonic()
     try:
         ray.init(**kwargs)
-    except Exception as e:  # noqa: BLE001 - Ray raises many types for one meaning here
+    except Exception as e:  # Ray raises many types for one meaning here
         raise ClusterError(f"cannot connect to the Ray cluster at {request.address}: {_one_line(e)}",
                            "check --address; run on a node of the cluster or use ray://HEAD:10001") from e
     log(f"connected to Ray at {request.address} in {time.monotonic() - t0:.1f}s")
@@ -195,7 +195,7 @@ def _fan_out(ray, request: ClusterRequest, out: Path, log: Callable[[str], None]
             try:
                 # Not force: the task gets KeyboardInterrupt and stops its hunt with SIGTERM.
                 ray.cancel(ref, force=False)
-            except Exception:  # noqa: BLE001 - best effort; the node-side hunt is bounded by its duration
+            except Exception:  # best effort; the node-side hunt is bounded by its duration
                 pass
     node_entries = []
     for n in nodes:
@@ -244,7 +244,7 @@ def _collect(ray: Any, pending: dict[Any, dict[str, Any]], answers: dict[str, di
             n = pending.pop(ref)
             try:
                 answers[n["NodeID"]] = ray.get(ref, timeout=60)
-            except Exception as e:  # noqa: BLE001 - a task/node failure is that node's result
+            except Exception as e:  # a task/node failure is that node's result
                 answers[n["NodeID"]] = {"status": "failed", "reason": _task_failure_reason(e)}
             a = answers[n["NodeID"]]
             log(f"node {n.get('NodeManagerHostname')}: {a['status']}"

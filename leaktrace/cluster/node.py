@@ -91,7 +91,7 @@ def node_identity() -> dict[str, Any]:
         ctx = ray.get_runtime_context()
         info["node_id"] = ctx.get_node_id()
         info["ip"] = ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - also usable outside Ray (tests, a manual run)
+    except Exception:  # also usable outside Ray (tests, a manual run)
         pass
     return info
 
@@ -218,7 +218,7 @@ def _vllm_roots() -> list[int] | None:
     """The vLLM servers on this node (None: discovery failed; the hunt then decides and says why)."""
     try:
         return list(vllm_targets())
-    except Exception:  # noqa: BLE001 - let `leaktrace hunt --vllm` report the problem in its own words
+    except Exception:  # let `leaktrace hunt --vllm` report the problem in its own words
         return None
 
 

@@ -65,10 +65,10 @@ def _hunt_views(path: str) -> list[dict[str, Any]]:
 
     try:
         report, d = load_report(path)
-    except Exception:  # noqa: BLE001 - the flame graphs are a view
+    except Exception:  # the flame graphs are a view
         return []
     try:
         figures = build_figures(SessionReader(d))
-    except Exception:  # noqa: BLE001 - no (readable) session: the culprits' stacks only
+    except Exception:  # no (readable) session: the culprits' stacks only
         figures = None
     return flamegraph.views(report, figures)

@@ -34,9 +34,6 @@ class TargetSet:
         with self.lock:
             return sorted(self.pids)
 
-    def all_seen(self) -> list[int]:
-        with self.lock:
-            return sorted(set(self.pids) | set(self.exited))
 
 
 @dataclass

@@ -44,15 +44,6 @@ ROLLUP_MOVE_BYTES = 4 << 20
 ROLLUP_MAX_SKIPS = 30
 
 
-def label_of(pid: int) -> str:
-    """A short human label from comm/cmdline (vLLM-aware labels come from leaktrace.vllm.labels)."""
-    try:
-        comm = procfs.read_comm(pid)
-    except (ProcessGone, AccessDenied):
-        return "?"
-    return comm
-
-
 class WatcherProbe:
     name = "watcher"
     required = True

@@ -1,6 +1,5 @@
 """The watcher's regions: one address space's mappings as classified regions read from /proc/PID/smaps, their
-totals per memory class, and the events between two snapshots (born, grown, shrunk, gone, moved). Split from
-leaktrace.probes.watcher (move only)."""
+totals per memory class, and the events between two snapshots (born, grown, shrunk, gone, moved)."""
 
 from __future__ import annotations
 

@@ -178,7 +178,7 @@ class SessionWriter:
             compact_table(self.path, table, final=final)
         except OSError as e:  # no space for the merged file: the parts stay as they are
             self.write_error = e
-        except Exception:  # noqa: BLE001 - compaction is an optimisation; parts stay readable
+        except Exception:  # compaction is an optimisation; parts stay readable
             pass
 
     def _flush_loop(self) -> None:
@@ -300,7 +300,7 @@ class SessionReader:
                     raise
                 skipped.append(str(p.relative_to(self.path)))
                 continue
-            except Exception:  # noqa: BLE001 - a truncated or hand-edited part: skip it, say so
+            except Exception:  # a truncated or hand-edited part: skip it, say so
                 if not final and not p.exists():
                     # Gone while we read it (a live hunt compacted it away): list again.
                     raise FileNotFoundError(p) from None

@@ -111,7 +111,7 @@ def _scrape_role(host: str | None, port: int, timeout: float = 1.0) -> tuple[str
     h = host if host and host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     url = f"http://{h}:{port}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - a URL we built
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # a URL we built
             text = r.read().decode("utf-8", "replace")
     except (urllib.error.URLError, OSError, ValueError) as e:
         return None, f"{url} unreachable ({e.__class__.__name__})"

@@ -181,7 +181,7 @@ class Watch:
     def _guarded(self, what: str, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception as e:  # noqa: BLE001 - logged with its cause; the watch goes on
+        except Exception as e:  # logged with its cause; the watch goes on
             self.warnings += 1
             self.log(f"warning: {what}: {type(e).__name__}: {e}")
             if self.verbose:

@@ -89,7 +89,7 @@ def start_deep_hunt(out: Path, pid: int, root: int, t: float, options: Any) -> I
                    live=False, quiet=True, formats=tuple(options.formats), no_bpf=not options.bpf,
                    no_gdb=not options.gdb, vllm=options.vllm).argv()
     inc = Incident("leak", pid, root, path, t, utc_stamp())
-    log = open(path.parent / f".{path.name}.log", "w")  # noqa: SIM115 - the child holds it
+    log = open(path.parent / f".{path.name}.log", "w")  # the child holds it
     try:
         inc.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
@@ -175,7 +175,7 @@ def write_exit_incident(out: Path, pid: int, root: int, t: float, tables: dict[s
                      warnings=[], labels={})
         render_session(path, formats=formats)
         inc.read_report()
-    except Exception as e:  # noqa: BLE001 - a session that cannot be written or read is a failed incident
+    except Exception as e:  # a session that cannot be written or read is a failed incident
         inc.status, inc.error = "failed", f"{type(e).__name__}: {e}" if not isinstance(e, LeaktraceError) else str(e)
     return inc
 

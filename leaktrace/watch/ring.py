@@ -92,7 +92,3 @@ class RingSession:
     def forget(self, pid: int) -> None:
         with self._lock:
             self._rows.pop(pid, None)
-
-    def rows_held(self) -> int:
-        with self._lock:
-            return sum(len(v) for per in self._rows.values() for v in per.values())

@@ -41,7 +41,7 @@ class Proxy:
     def post(self, base: str, path: str, body: dict) -> dict:
         req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=self.timeout) as r:  # noqa: S310 - loopback only
+        with urllib.request.urlopen(req, timeout=self.timeout) as r:  # loopback only
             return json.loads(r.read())
 
     def completion(self, path: str, body: dict) -> dict:
@@ -72,13 +72,13 @@ def make_handler(proxy: Proxy):
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
+        def do_GET(self) -> None:  # http.server API
             if self.path in ("/health", "/healthcheck"):
                 self._reply(200, {"ok": True, **proxy.counts})
             else:
                 self._reply(404, {"error": "not found"})
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server API
+        def do_POST(self) -> None:  # http.server API
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._reply(404, {"error": "not found"})
                 return

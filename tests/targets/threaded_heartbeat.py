@@ -14,7 +14,7 @@ import time
 import pandas  # noqa: F401 - large shared libraries for gdb to read
 import pyarrow  # noqa: F401
 
-out = open(sys.argv[1], "w", buffering=1)  # noqa: SIM115 - lives as long as the process
+out = open(sys.argv[1], "w", buffering=1)  # lives as long as the process
 ask: queue.Queue = queue.Queue()
 answer: queue.Queue = queue.Queue()
 

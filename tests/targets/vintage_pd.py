@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import vllm_servers  # noqa: E402
+import vllm_servers
 
 REPO = vllm_servers.REPO
 CACHE = REPO / ".cache"
@@ -129,7 +129,7 @@ class NetNs:
             try:
                 self.join_thread()
                 box["r"] = fn(*args, **kwargs)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            except BaseException as e:  # re-raised in the caller
                 box["e"] = e
 
         t = threading.Thread(target=run, daemon=True)

@@ -173,7 +173,7 @@ def complete(base_url: str, prompt: str, max_tokens: int = 8, timeout: float = 9
     body = {"model": str(model), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     req = urllib.request.Request(f"{base_url}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # loopback only
         return json.loads(r.read())
 
 

@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from leaktrace import resources
-from leaktrace.errors import BpfUnavailable
 from leaktrace.probes.bpf.btf import kernel_member_offset
 from leaktrace.probes.bpf.loader import (
     SYSV_TRACEPOINTS,
     choose_headers,
     find_bcc_dir,
-    load_program,
     pid_namespace,
     stub_headers,
 )
@@ -112,15 +110,3 @@ def bpf_doctor_checks() -> list[dict[str, Any]]:
     checks.append(_check("bpftrace (benchmark anchor only)", shutil.which("bpftrace") is not None,
                          shutil.which("bpftrace") or "not installed", "apt-get install -y bpftrace"))
     return checks
-
-
-def doctor_probe_load() -> dict[str, Any]:
-    """Compile and load the real program once (slow: ~1 s); for ``doctor`` when it wants proof."""
-    try:
-        prog, choice = load_program()
-    except BpfUnavailable as e:
-        return _check("leaktrace BPF program loads", False, str(e), e.remedy)
-    try:
-        return _check("leaktrace BPF program loads", True, f"loaded with {choice.kind} headers ({choice.path})")
-    finally:
-        prog.cleanup()

@@ -238,6 +238,6 @@ def _vmflags_at(smaps: str, start: int) -> str:
 def _has_map(prog: Any, name: bytes) -> bool:
     try:
         prog[name]
-    except Exception:  # noqa: BLE001 - bcc raises KeyError or a bare Exception for a map the program lacks
+    except Exception:  # bcc raises KeyError or a bare Exception for a map the program lacks
         return False
     return True

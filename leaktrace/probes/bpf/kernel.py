@@ -78,7 +78,7 @@ class KernelSide:
         self._lib = lib
         try:
             self.prog[b"events"].open_ring_buffer(on_record)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.prog.cleanup()
             raise BpfUnavailable(f"cannot open the BPF ring buffer: {e}") from e
 
@@ -129,7 +129,7 @@ class KernelSide:
             return False
         try:
             return ct.c_uint32(pid) in self.prog[b"oom_victims"]
-        except Exception:  # noqa: BLE001 - a missing map (older program) means "not known"
+        except Exception:  # a missing map (older program) means "not known"
             return False
 
     def read_counters(self, counters: dict[str, int]) -> None:
@@ -145,7 +145,7 @@ class KernelSide:
             return []
         try:
             return list(self.prog[b"stacks"].walk(stack_id))
-        except (KeyError, LeaktraceError, Exception):  # noqa: BLE001 - evicted stack id
+        except (KeyError, LeaktraceError, Exception):  # evicted stack id
             return []
 
     # ------------------------------------------------------------------ kernel-owned regions
@@ -176,7 +176,7 @@ class KernelSide:
         table = self.prog[b"regions"]
         try:
             fill(table.items_lookup_batch(), cols, oids)
-        except Exception:  # noqa: BLE001 - batch ops missing (old kernels): slower walk
+        except Exception:  # batch ops missing (old kernels): slower walk
             for c in (*cols, oids):
                 del c[:]
             fill(table.items(), cols, oids)

@@ -87,7 +87,7 @@ def import_bcc() -> ModuleType:
     sys.modules["bcc"] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - libbcc.so missing, ABI mismatch: all mean "no BCC"
+    except Exception as e:  # libbcc.so missing, ABI mismatch: all mean "no BCC"
         sys.modules.pop("bcc", None)
         raise BpfUnavailable(f"bcc from {d} failed to import: {e}",
                              "reinstall: apt-get install --reinstall -y libbpfcc python3-bpfcc") from e
@@ -222,7 +222,7 @@ def load_program(name: str = "leaktrace.bpf.c", defines: dict[str, int] | None =
     try:
         prog = bcc.BPF(src_file=str(src).encode(), cflags=compile_flags(src_dir, {**exit_defines(), **sysv_defines(),
                                                                                  **fault_defines(), **(defines or {})}))
-    except Exception as e:  # noqa: BLE001 - bcc raises bare Exception for compile/load failures
+    except Exception as e:  # bcc raises bare Exception for compile/load failures
         raise BpfUnavailable(f"BPF program failed to load ({choice.kind} headers): {str(e).strip()[:300]}") from e
     return prog, choice
 
@@ -255,7 +255,7 @@ class ProgramBuild:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
         try:
             self._result = self._compile()
-        except BaseException as e:  # noqa: BLE001 - raised again by result(), in the caller's thread
+        except BaseException as e:  # raised again by result(), in the caller's thread
             self._result = e
 
     def _compile(self) -> tuple[Any, HeaderChoice, int | None, float]:
@@ -285,6 +285,6 @@ class ProgramBuild:
             return  # never started, or result() already took the program
         try:
             prog = self.result()[0]
-        except Exception:  # noqa: BLE001 - nothing was loaded
+        except Exception:  # nothing was loaded
             return
         prog.cleanup()

@@ -209,7 +209,7 @@ class BpfProbe:
             try:
                 with self.lock:
                     full = self._drain()
-            except Exception as e:  # noqa: BLE001 - never kill the hunt from the poll thread
+            except Exception as e:  # never kill the hunt from the poll thread
                 self.error = f"{type(e).__name__}: {e}"
                 if self.ctx:
                     self.ctx.warn(f"bpf: event processing failed: {self.error}")

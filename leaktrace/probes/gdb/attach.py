@@ -304,7 +304,7 @@ class GdbAttach:
         if proc.poll() is None:
             try:
                 c.write(MI_EXIT, read_response=False)
-            except Exception:  # noqa: BLE001 - a dead pipe: go on to signals
+            except Exception:  # a dead pipe: go on to signals
                 pass
             for sig, wait in ((None, 5.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
                 if sig is not None and proc.poll() is None:

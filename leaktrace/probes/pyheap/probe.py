@@ -137,7 +137,7 @@ class PyHeapProbe:
                 if self._stop.wait(0.25):
                     return
                 self._sample("due")
-            except Exception as e:  # noqa: BLE001 - the walker ending must not end the hunt
+            except Exception as e:  # the walker ending must not end the hunt
                 if self.ctx is not None:
                     self.ctx.warn(f"pyheap walk: {e.__class__.__name__}: {e}")
                 return

@@ -57,7 +57,7 @@ def serve(requests: Any, answer: Any) -> None:
                                   frozen_max_age=float(req.get("frozen_max_age", FROZEN_REWALK_S)))
             # the walk's CPU seconds (its wall time on a busy node is mostly waiting: the worker is niced)
             msg: dict[str, Any] = {"id": rid, "ok": st, "cpu_s": round(time.process_time() - c0, 4)}
-        except Exception as e:  # noqa: BLE001 - said to the hunt, which decides
+        except Exception as e:  # said to the hunt, which decides
             frozen.pop(pid, None)
             msg = {"id": rid, "error": type(e).__name__, "msg": str(e)}
         answer.write(json.dumps(msg, separators=(",", ":")) + "\n")
