@@ -365,9 +365,9 @@ def test_disk_full_while_writing(small_tmpfs, spawn, leaker_bin):
 
 COMPACTING_WRITER = """
 import sys, time
-import leaktrace.parts
+import leaktrace.session.parts
 import leaktrace.session as s
-leaktrace.parts.COMPACT_FANOUT = 4   # compact often: every 4 parts, and every 4 range files of a level
+leaktrace.session.parts.COMPACT_FANOUT = 4   # compact often: every 4 parts, and every 4 range files of a level
 w = s.SessionWriter(sys.argv[1], flush_interval=0.01)
 print("ready", flush=True)
 i = 0
@@ -417,8 +417,8 @@ def test_interrupted_compaction_leftovers_read_once(tmp_path):
     plus leftover parts. Rows read once; an unreadable range file falls back to the leftovers."""
     import shutil
 
-    from leaktrace.parts import compact_table
     from leaktrace.session import SessionWriter
+    from leaktrace.session.parts import compact_table
 
     w = SessionWriter(tmp_path / "s", flush_interval=60)
     for i in range(6):

@@ -38,10 +38,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from leaktrace import __version__, outdir, parts
+from leaktrace import __version__, outdir
 from leaktrace.atomic import atomic_write_text
 from leaktrace.errors import OutputNotWritable, SessionError
-from leaktrace.parts import TABLES, compact_table, part_files
+from leaktrace.session import parts
+from leaktrace.session.parts import TABLES, compact_table, part_files
 from leaktrace.session.tables import SCHEMAS, TableSchemaError, check_rows, conform, to_arrow
 
 SESSION_SCHEMA = "leaktrace.session/1"
