@@ -144,7 +144,50 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
     ``all_processes``: every process (libraries read for all of them)."""
     procs, kids = _scan()
     labels: dict[int, tuple[str, str | None]] = {pid: _label(p) for pid, p in procs.items()}
+    instance_of = _instances(procs, kids, labels)
+    maps_of = _MapsCache()
+    if pids is not None:
+        wanted: set[int] = set()
+        for p in pids:
+            if p in procs:
+                wanted.update(procfs.walk_tree([p], kids))
+    elif all_processes:
+        wanted = set(procs)
+    else:
+        wanted = set(instance_of) | {pid for pid, (lb, _t) in labels.items() if lb == "proxy"}
+        # Other candidates: anything that maps UCX/NIXL/NCCL (a NIXL agent, a UCX program).
+        own = os.getpid()
+        for pid in procs:
+            if pid in wanted or pid == own:
+                continue
+            libs = libs_of_interest(maps_of(pid))
+            if any(g in libs for g in ("ucx", "nixl", "nccl")):
+                wanted.add(pid)
+    port_roles = _port_roles(procs, labels)
+    inst_info = {inst: _instance_info(inst, procs[inst]["argv"], port_roles, maps_of(inst), with_metrics)
+                 for inst in set(instance_of.values())}
+    return [_process_row(pid, procs, labels, instance_of.get(pid), inst_info, maps_of, ucx_state)
+            for pid in sorted(wanted) if pid in procs]
 
+
+class _MapsCache:
+    """Each process's maps, read once per discovery (an unreadable one reads as no mapping)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, list[procfs.Mapping]] = {}
+
+    def __call__(self, pid: int) -> list[procfs.Mapping]:
+        if pid not in self._maps:
+            try:
+                self._maps[pid] = procfs.read_maps(pid)
+            except (ProcessGone, AccessDenied, procfs.ParseError):
+                self._maps[pid] = []
+        return self._maps[pid]
+
+
+def _instances(procs: dict[int, dict[str, Any]], kids: dict[int, list[int]],
+               labels: dict[int, tuple[str, str | None]]) -> dict[int, int]:
+    """pid -> its instance (the pid of the instance's root)."""
     # Instances: each top-most vLLM API server owns its tree (extra APIServer_N, EngineCore, workers…).
     instance_of: dict[int, int] = {}
     for pid, (label, _t) in labels.items():
@@ -171,38 +214,12 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             root = procs[root]["ppid"]
         for d in procfs.walk_tree([root], kids):
             instance_of.setdefault(d, root)
+    return instance_of
 
-    if pids is not None:
-        wanted: set[int] = set()
-        for p in pids:
-            if p in procs:
-                wanted.update(procfs.walk_tree([p], kids))
-    elif all_processes:
-        wanted = set(procs)
-    else:
-        wanted = set(instance_of) | {pid for pid, (lb, _t) in labels.items() if lb == "proxy"}
 
-    maps_cache: dict[int, list[procfs.Mapping]] = {}
-
-    def maps_of(pid: int) -> list[procfs.Mapping]:
-        if pid not in maps_cache:
-            try:
-                maps_cache[pid] = procfs.read_maps(pid)
-            except (ProcessGone, AccessDenied, procfs.ParseError):
-                maps_cache[pid] = []
-        return maps_cache[pid]
-
-    if pids is None and not all_processes:
-        # Other candidates: anything that maps UCX/NIXL/NCCL (a NIXL agent, a UCX program).
-        own = os.getpid()
-        for pid in procs:
-            if pid in wanted or pid == own:
-                continue
-            libs = libs_of_interest(maps_of(pid))
-            if any(g in libs for g in ("ucx", "nixl", "nccl")):
-                wanted.add(pid)
-
-    # Proxies name the ports of prefill and decode instances.
+def _port_roles(procs: dict[int, dict[str, Any]], labels: dict[int, tuple[str, str | None]]
+                ) -> dict[int, tuple[str, str]]:
+    """Proxies name the ports of prefill and decode instances: port -> (role, where it was read)."""
     port_roles: dict[int, tuple[str, str]] = {}
     for pid, (label, _t) in labels.items():
         if label == "proxy":
@@ -210,90 +227,90 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             for role, ports in pp.items():
                 for port in ports:
                     port_roles[port] = (role, f"cmdline of proxy pid {pid}")
+    return port_roles
 
-    # Instance-level facts from the API server (the untitled ancestor of everything in the tree).
-    inst_info: dict[int, dict[str, Any]] = {}
-    for inst in set(instance_of.values()):
-        argv = procs[inst]["argv"]
-        settings = serve_settings(argv) if is_vllm_serve(argv) else {"model": None, "host": None, "port": None,
-                                                                     "port_source": None,
-                                                                     "kv_transfer_config": None}
-        env, env_src = _read_env(inst, maps_of(inst))
-        kv = settings.get("kv_transfer_config")
-        role, role_src = "unknown", "no P/D evidence"
-        port = settings.get("port")
-        if port in port_roles:
-            role, role_src = port_roles[port]
-        elif isinstance(kv, dict) and kv.get("kv_role") in ("kv_producer", "kv_consumer"):
-            role = "prefill" if kv["kv_role"] == "kv_producer" else "decode"
-            role_src = f"kv_role={kv['kv_role']} in --kv-transfer-config of pid {inst}"
-        elif kv:
-            if with_metrics and port:
-                r, why = _scrape_role(settings.get("host"), port)
-                role, role_src = (r or "unknown"), why
-            else:
-                role_src = "kv-transfer-config present; the proxy decides the role (no proxy found)"
-        elif is_vllm_serve(argv):
-            role, role_src = "both", "no kv-transfer-config: this server prefills and decodes"
-        mp = env.get("VLLM_WORKER_MULTIPROC_METHOD")
-        inst_info[inst] = {
-            **settings, "role": role, "role_source": role_src, "env": env, "env_source": env_src,
-            "multiproc_method": {"value": mp or "fork", "source": env_src if mp else "vLLM default (not set)"},
-        }
 
-    out: list[dict[str, Any]] = []
-    for pid in sorted(wanted):
-        if pid not in procs:
-            continue
-        p = procs[pid]
-        label, title = labels[pid]
-        inst = instance_of.get(pid)
-        info = inst_info.get(inst, {}) if inst else {}
-        maps = maps_of(pid)
-        lib_groups = libs_of_interest(maps)
-        libs = sorted({n for names in lib_groups.values() for n in names})
+def _instance_info(inst: int, argv: list[str], port_roles: dict[int, tuple[str, str]],
+                   maps: list[procfs.Mapping], with_metrics: bool) -> dict[str, Any]:
+    """Instance-level facts from the API server (the untitled ancestor of everything in the tree)."""
+    settings = serve_settings(argv) if is_vllm_serve(argv) else {"model": None, "host": None, "port": None,
+                                                                 "port_source": None,
+                                                                 "kv_transfer_config": None}
+    env, env_src = _read_env(inst, maps)
+    kv = settings.get("kv_transfer_config")
+    role, role_src = "unknown", "no P/D evidence"
+    port = settings.get("port")
+    if port in port_roles:
+        role, role_src = port_roles[port]
+    elif isinstance(kv, dict) and kv.get("kv_role") in ("kv_producer", "kv_consumer"):
+        role = "prefill" if kv["kv_role"] == "kv_producer" else "decode"
+        role_src = f"kv_role={kv['kv_role']} in --kv-transfer-config of pid {inst}"
+    elif kv:
+        if with_metrics and port:
+            r, why = _scrape_role(settings.get("host"), port)
+            role, role_src = (r or "unknown"), why
+        else:
+            role_src = "kv-transfer-config present; the proxy decides the role (no proxy found)"
+    elif is_vllm_serve(argv):
+        role, role_src = "both", "no kv-transfer-config: this server prefills and decodes"
+    mp = env.get("VLLM_WORKER_MULTIPROC_METHOD")
+    return {
+        **settings, "role": role, "role_source": role_src, "env": env, "env_source": env_src,
+        "multiproc_method": {"value": mp or "fork", "source": env_src if mp else "vLLM default (not set)"},
+    }
 
-        env, env_src = _read_env(pid, maps)
-        if not env:
-            # Retitled with nothing readable: the untitled ancestor's launch environment.
-            anc = p["ppid"]
-            while anc in procs and TITLE_RE.match(procs[anc]["argv"][0]):
-                anc = procs[anc]["ppid"]
-            if anc in procs:
-                try:
-                    env = procfs.read_environ(anc, redact=False)
-                    env_src = SRC_ANCESTOR.format(pid=anc) if env else ""
-                except (AccessDenied, ProcessGone):
-                    env = {}
-        config: dict[str, Any] = {
-            "env": {k: {"value": v, "source": env_src} for k, v in _config_env(env).items()},
-        }
-        if info:
-            config["kv_transfer_config"] = info.get("kv_transfer_config")
-            config["kv_transfer_config_source"] = f"cmdline of api-server pid {inst}" if info.get(
-                "kv_transfer_config") is not None else None
-            config["multiproc_method"] = info.get("multiproc_method")
-        if ucx_state and "ucx" in lib_groups:
+
+def _process_row(pid: int, procs: dict[int, dict[str, Any]], labels: dict[int, tuple[str, str | None]],
+                 inst: int | None, inst_info: dict[int, dict[str, Any]], maps_of: _MapsCache,
+                 ucx_state: bool) -> dict[str, Any]:
+    """One process as `ps --json` lists it."""
+    p = procs[pid]
+    label, title = labels[pid]
+    info = inst_info.get(inst, {}) if inst else {}
+    maps = maps_of(pid)
+    lib_groups = libs_of_interest(maps)
+    libs = sorted({n for names in lib_groups.values() for n in names})
+
+    env, env_src = _read_env(pid, maps)
+    if not env:
+        # Retitled with nothing readable: the untitled ancestor's launch environment.
+        anc = p["ppid"]
+        while anc in procs and TITLE_RE.match(procs[anc]["argv"][0]):
+            anc = procs[anc]["ppid"]
+        if anc in procs:
             try:
-                config["ucx"] = ucx.read_ucx_config(pid, maps=maps_of(pid) or None).to_dict()
-            except (LeaktraceError, OSError, ValueError) as e:
-                config["ucx"] = {"error": str(e)}
-        row: dict[str, Any] = {
-            "pid": pid, "ppid": p["ppid"], "comm": p["comm"], "label": label,
-            "title": title, "instance": inst,
-            "role": info.get("role", "unknown") if inst else "unknown",
-            "role_source": info.get("role_source") if inst else None,
-            "port": info.get("port") if inst else None,
-            "host": info.get("host") if inst else None,
-            "model": info.get("model") if inst else None,
-            "cmdline": " ".join(redact.redact_cmdline(p["argv"]))[:500],
-            "libs": libs, "lib_groups": sorted(lib_groups),
-            "config": config,
-        }
-        if label == "proxy":
-            row["proxy_ports"] = proxy_ports(p["argv"])
-        out.append(row)
-    return out
+                env = procfs.read_environ(anc, redact=False)
+                env_src = SRC_ANCESTOR.format(pid=anc) if env else ""
+            except (AccessDenied, ProcessGone):
+                env = {}
+    config: dict[str, Any] = {
+        "env": {k: {"value": v, "source": env_src} for k, v in _config_env(env).items()},
+    }
+    if info:
+        config["kv_transfer_config"] = info.get("kv_transfer_config")
+        config["kv_transfer_config_source"] = f"cmdline of api-server pid {inst}" if info.get(
+            "kv_transfer_config") is not None else None
+        config["multiproc_method"] = info.get("multiproc_method")
+    if ucx_state and "ucx" in lib_groups:
+        try:
+            config["ucx"] = ucx.read_ucx_config(pid, maps=maps_of(pid) or None).to_dict()
+        except (LeaktraceError, OSError, ValueError) as e:
+            config["ucx"] = {"error": str(e)}
+    row: dict[str, Any] = {
+        "pid": pid, "ppid": p["ppid"], "comm": p["comm"], "label": label,
+        "title": title, "instance": inst,
+        "role": info.get("role", "unknown") if inst else "unknown",
+        "role_source": info.get("role_source") if inst else None,
+        "port": info.get("port") if inst else None,
+        "host": info.get("host") if inst else None,
+        "model": info.get("model") if inst else None,
+        "cmdline": " ".join(redact.redact_cmdline(p["argv"]))[:500],
+        "libs": libs, "lib_groups": sorted(lib_groups),
+        "config": config,
+    }
+    if label == "proxy":
+        row["proxy_ports"] = proxy_ports(p["argv"])
+    return row
 
 
 def instances(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
