@@ -4,7 +4,6 @@ Ctrl-C, SIGTERM, every target gone), closes the session, then runs analysis and 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ from leaktrace.probes.watcher import WatcherProbe
 from leaktrace.sched import HuntPriority
 from leaktrace.session import SessionWriter
 from leaktrace.targetlock import TargetLocks
+from leaktrace.ticking import StopFlag, tick_until_stopped
 
 # The probes beside the watcher: (name, class, enabled(options)). Each class is built as Class(options).
 # A probe that raises a LeaktraceError on start is skipped with a warning, unless it sets
@@ -55,38 +55,8 @@ class HuntResult:
     warnings: list[str]
 
 
-def build_probes(options: HuntOptions, log: Callable[[str], None]) -> list[Any]:
+def build_probes(options: HuntOptions, log: Callable[[str], None]) -> list[Probe]:
     return [WatcherProbe(options)] + [cls(options) for _name, cls, enabled in PROBES if enabled(options)]
-
-
-class _StopFlag:
-    """Set by SIGINT/SIGTERM; the first signal stops cleanly, a second one during shutdown is ignored
-    so the report is still written."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.reason = ""
-        self._old: dict[int, Any] = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        for sig in sigs:
-            self._old[sig] = signal.signal(sig, self._handler)
-        # A hunt started by a process that blocks these (a Ray worker does) inherits the mask across
-        # exec(): unblocked, or Ctrl-C forwarded by a cluster driver would stay pending for ever.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if not self.event.is_set():
-            self.reason = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGTERM: "SIGTERM",
-                           signal.SIGHUP: "SIGHUP"}.get(signum, f"signal {signum}")
-        self.event.set()
-
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def describe_target(pid: int) -> dict[str, Any]:
@@ -128,7 +98,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
         raise
     targets = TargetSet(roots=pids)
     ctx = HuntContext(session=session, targets=targets, options=options, log=log)
-    flag = _StopFlag()
+    flag = StopFlag()
     flag.install()
     # Before any probe starts a thread or a helper: they inherit it.
     own_priority = priority is None
@@ -137,8 +107,7 @@ def run_hunt(pids: list[int], options: HuntOptions, out: str | os.PathLike[str],
         priority.raise_()
     session.update_meta(scheduling=priority.done)
     if stop is not None:
-        # An external stop (the demo, a Ray task) joins the signal flag.
-        threading.Thread(target=lambda: (stop.wait(), flag.event.set()), daemon=True).start()
+        flag.join(stop)
     if options.bpf:
         from leaktrace.tracefs import ensure_mounted
 
@@ -197,32 +166,28 @@ def _start_probes(probes: list[Probe], ctx: HuntContext, started: list[Probe]) -
     stop_reason = "deadline"
     # Work a probe can do before its turn (the eBPF program's compile: seconds of LLVM, in C++ without the
     # GIL) starts now, in the background, beside the other probes' starts.
-    for p in probes:
-        prepare = getattr(p, "prepare", None)
-        if prepare is not None:
-            prepare(ctx)
+    prepared = [p.prepare(ctx) for p in probes]
     took: dict[str, float] = {}
     # Those compiling in the background start last: their compile runs beside the others' starts (gdb's
     # symbol reads, /proc walks) instead of ahead of them. Ticks and stops keep the build order.
-    order = [p for p in probes if getattr(p, "prepare", None) is None] + \
-            [p for p in probes if getattr(p, "prepare", None) is not None]
+    order = [p for p, pre in zip(probes, prepared, strict=True) if not pre] + \
+            [p for p, pre in zip(probes, prepared, strict=True) if pre]
     for p in order:
         t0 = time.monotonic()
         try:
             p.start(ctx)
             started.append(p)
         except LeaktraceError as e:
-            if getattr(p, "required", False):
+            if p.required:
                 fatal = e
                 stop_reason = f"probe {p.name} failed: {e}"
                 break
             ctx.warn(f"{p.name} probe off: {e}")
         finally:
-            # a probe that prepared in the background says what its whole start took (``start_s``)
-            took[p.name] = round(getattr(p, "start_s", None) or time.monotonic() - t0, 3)
+            took[p.name] = round(time.monotonic() - t0, 3)
     started.sort(key=probes.index)
     for p in probes:
-        if p not in started and hasattr(p, "cancel"):
+        if p not in started:
             p.cancel()  # prepared but never started (a required probe failed first): its work undone
     session = ctx.session
     attach_s = session.now()
@@ -247,33 +212,22 @@ def _tick_all(started: list[Probe], ctx: HuntContext, now: float, warn: bool = T
             ctx.tick_costs.add(p.name, time.monotonic() - t0, time.thread_time() - c0, now)
 
 
-def _tick_until_stopped(started: list[Probe], ctx: HuntContext, flag: _StopFlag,
+def _tick_until_stopped(started: list[Probe], ctx: HuntContext, flag: StopFlag,
                         on_tick: Callable[[HuntContext, float], None] | None) -> str:
     """The main loop: every probe ticks once per interval until the deadline, a signal or the end of
     every target. Returns the stop reason."""
     session, options = ctx.session, ctx.options
-    t_end = ctx.window_end = (session.meta.get("attach_s") or 0.0) + options.duration
-    next_tick = session.now()
-    while True:
-        now = session.now()
-        ctx.tick_costs.started(now - next_tick, options.interval, now)
-        # Missed ticks are skipped, not caught up: after a stall (the hunt not scheduled on a saturated
-        # machine, a slow /proc read) a burst of back-to-back ticks would cost the target CPU and bunch the
-        # samples in time.
-        next_tick = max(next_tick, now)
+
+    def tick(now: float, late_s: float) -> str | None:
+        ctx.tick_costs.started(late_s, options.interval, now)
         _tick_all(started, ctx, now)
         if on_tick is not None:
             on_tick(ctx, now)
-        if flag.event.is_set():
-            return flag.reason or "stopped"
-        if not ctx.targets.live():
-            return "all targets exited"
-        if now >= t_end:
-            return "deadline"
-        next_tick += options.interval
-        if flag.event.wait(max(0.0, min(next_tick, t_end) - session.now())):
-            _tick_all(started, ctx, session.now(), warn=False)  # one last tick: the final state is recorded
-            return flag.reason or "stopped"
+        return None if ctx.targets.live() else "all targets exited"
+
+    ctx.window_end = (session.meta.get("attach_s") or 0.0) + options.duration
+    return tick_until_stopped(session.now, options.interval, flag, tick, t_end=ctx.window_end,
+                              last_tick=lambda now: _tick_all(started, ctx, now, warn=False))
 
 
 def _stop_probe(p: Probe, ctx: HuntContext) -> None:

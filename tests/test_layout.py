@@ -15,7 +15,7 @@ STAGES: list[tuple[str, ...]] = [
     ("probes",),
     ("analysis",),
     ("report",),
-    ("hunt", "live", "demo", "huntspec"),
+    ("hunt", "live", "demo", "huntspec", "ticking"),
     ("cluster",),
     ("watch",),  # the always-on conductor: it runs hunts and selects targets as cluster hunts do
     ("commands", "cli", "doctor", "__main__"),

@@ -1,20 +1,20 @@
 """Probes: each collects rows into the session and renders nothing.
 
-A probe implements :class:`Probe`. ``hunt`` starts every probe over one :class:`HuntContext`, calls
-``tick`` from its main loop once per interval, and ``stop`` exactly once (also on Ctrl-C and errors).
-Probes with their own threads (bpf polling, gdb sampling) must stop them in ``stop``.
+A probe implements :class:`Probe` (:class:`ProbeBase` gives its optional parts). ``hunt`` starts every probe
+over one :class:`HuntContext`, calls ``tick`` from its main loop once per interval, and ``stop`` exactly
+once (also on Ctrl-C and errors). Probes with their own threads (bpf polling, gdb sampling) must stop them
+in ``stop``. Rows go to the context's :class:`SessionSink`: a session directory's writer in a hunt, watch's
+in-memory ring in a watch.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from leaktrace.sched import HUNT_NICE
-
-if TYPE_CHECKING:  # the walker process imports this package: it needs none of the session's pandas
-    from leaktrace.session import SessionWriter
 
 MAX_WARNINGS = 200
 
@@ -130,9 +130,25 @@ class TickCosts:
                            for k, d in self.probes.items()}}
 
 
+class SessionSink(Protocol):
+    """Where probes write their rows: leaktrace.session.SessionWriter (a session directory) or
+    leaktrace.watch.ring.RingSession (watch's bounded history in memory)."""
+
+    meta: dict[str, Any]
+    path: Path | None  # the session directory; None when rows are kept in memory only
+
+    def now(self) -> float: ...  # seconds since the session's start (monotonic)
+
+    def append(self, table: str, rows: list[dict[str, Any]] | dict[str, Any]) -> None: ...
+
+    def update_meta(self, **fields: Any) -> None: ...
+
+    def flush(self) -> None: ...
+
+
 @dataclass
 class HuntContext:
-    session: SessionWriter
+    session: SessionSink
     targets: TargetSet
     options: HuntOptions
     log: Any  # callable(str) -> None, progress/log lines for the user
@@ -156,6 +172,12 @@ class HuntContext:
 
 class Probe(Protocol):
     name: str
+    required: bool  # a failed start stops the hunt with its error; else it is a warning and the hunt goes on
+
+    def prepare(self, ctx: HuntContext) -> bool:
+        """Start, in the background, work that can run before the probe's turn (the eBPF program's compile);
+        True when it did: such a probe starts after the others, its work running beside their starts."""
+        ...
 
     def start(self, ctx: HuntContext) -> None: ...
 
@@ -163,16 +185,31 @@ class Probe(Protocol):
 
     def stop(self) -> None: ...
 
+    def cancel(self) -> None:
+        """Prepared but never started (a required probe failed first): undo what ``prepare`` began."""
+        ...
+
     def summary(self) -> dict[str, Any]: ...
 
 
-class RereadingProbe:
+class ProbeBase:
+    """The optional parts of :class:`Probe` as most probes have them: not required, nothing to prepare."""
+
+    name = ""
+    required = False
+
+    def prepare(self, ctx: HuntContext) -> bool:
+        return False
+
+    def cancel(self) -> None:
+        return None
+
+
+class RereadingProbe(ProbeBase):
     """The frame of a probe that reads its targets at start, as ticks come and a last time at stop: it keeps
     the hunt's options, the context from ``start`` on and the ticks counted, and calls ``_read(edge)`` with
     edge "start", "tick" or "stop" (at stop only when it was started). A subclass sets ``name`` and writes
     ``_read`` and ``summary``; it decides on which ticks a read is due."""
-
-    name = ""
 
     def __init__(self, options: HuntOptions) -> None:
         self.options = options

@@ -28,7 +28,7 @@ import threading
 from typing import Any
 
 from leaktrace.errors import UsageError
-from leaktrace.probes import HuntContext
+from leaktrace.probes import HuntContext, ProbeBase
 from leaktrace.probes.recent import RecentRates
 
 DEFAULT_ADDR = "127.0.0.1"
@@ -120,7 +120,7 @@ class _SnapshotCollector:
         )
 
 
-class PrometheusExporter:
+class PrometheusExporter(ProbeBase):
     name = "exporter"
     # The user asked for the endpoint: a port that cannot be bound stops the hunt with one line rather
     # than a warning scrolled away at the start of an hours-long hunt.

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from leaktrace.errors import MetricsUnreachable
-from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
 from leaktrace.redact import redact_url
 from leaktrace.vllm.metrics import normalize_url, parse_metrics, scrape, summarize
 
@@ -33,7 +33,7 @@ def _keep(name: str) -> bool:
     return name.startswith("vllm:") or name == "process_resident_memory_bytes"
 
 
-class MetricsProbe:
+class MetricsProbe(ProbeBase):
     name = "metrics"
 
     def __init__(self, options: HuntOptions) -> None:

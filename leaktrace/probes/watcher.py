@@ -16,7 +16,7 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, ProcessGone
-from leaktrace.probes import HuntContext
+from leaktrace.probes import HuntContext, ProbeBase
 from leaktrace.probes.watcher_regions import (  # noqa: F401 - the region helpers are the watcher's API too
     RSS_GROWTH_EVENT_BYTES,
     Region,
@@ -44,7 +44,7 @@ ROLLUP_MOVE_BYTES = 4 << 20
 ROLLUP_MAX_SKIPS = 30
 
 
-class WatcherProbe:
+class WatcherProbe(ProbeBase):
     name = "watcher"
     required = True
 

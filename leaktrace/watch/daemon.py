@@ -18,10 +18,10 @@ from typing import Any
 
 from leaktrace import __version__
 from leaktrace.atomic import atomic_write_text
-from leaktrace.hunt import _StopFlag
 from leaktrace.probes import HuntContext, HuntOptions, TargetSet
 from leaktrace.probes.exporter import WatchExporter
 from leaktrace.probes.watcher import WatcherProbe
+from leaktrace.ticking import StopFlag, tick_until_stopped
 from leaktrace.watch import WatchOptions
 from leaktrace.watch.incidents import (
     Incident,
@@ -66,7 +66,7 @@ class Watch:
         hopts = HuntOptions(duration=float("inf"), interval=options.interval, smaps_every=options.smaps_every,
                             bpf=False, gdb=False, pyheap=False)
         self.targets = TargetSet(roots=[])
-        self.ctx = HuntContext(session=self.ring, targets=self.targets, options=hopts,  # type: ignore[arg-type]
+        self.ctx = HuntContext(session=self.ring, targets=self.targets, options=hopts,
                                log=log)
         self.watcher = WatcherProbe(hopts)
         self.tracked: dict[int, Tracked] = {}
@@ -86,10 +86,10 @@ class Watch:
 
     # -- the loop
     def run(self, stop: threading.Event | None = None) -> str:
-        flag = _StopFlag()
+        flag = StopFlag()
         flag.install()
         if stop is not None:
-            threading.Thread(target=lambda: (stop.wait(), flag.event.set()), daemon=True).start()
+            flag.join(stop)
         reason = "deadline"
         try:
             if self.options.prometheus_port is not None:
@@ -101,20 +101,8 @@ class Watch:
             if self.options.bpf:
                 self._start_bpf()
             t_end = None if self.options.duration is None else self.ring.now() + self.options.duration
-            next_tick = self.ring.now()
-            while True:
-                self.tick()
-                if flag.event.is_set():
-                    reason = flag.reason or "stopped"
-                    break
-                now = self.ring.now()
-                if t_end is not None and now >= t_end:
-                    break
-                next_tick = max(next_tick + self.options.interval, now)
-                wait = next_tick - now if t_end is None else min(next_tick, t_end) - now
-                if flag.event.wait(max(0.0, wait)):
-                    reason = flag.reason or "stopped"
-                    break
+            reason = tick_until_stopped(self.ring.now, self.options.interval, flag, lambda _now, _late: self.tick(),
+                                        t_end=t_end)
         finally:
             for inc in list(self.running):
                 stop_deep_hunt(inc)

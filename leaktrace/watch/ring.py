@@ -19,7 +19,9 @@ DEFAULT_LIMIT = 500
 
 
 class RingSession:
-    """Duck-types the part of SessionWriter the watcher probe uses (append, now, meta, update_meta)."""
+    """A :class:`leaktrace.probes.SessionSink` that keeps rows in memory, bounded per process and table."""
+
+    path = None  # no session directory
 
     def __init__(self, rollup_rows: int | None = None) -> None:
         self.meta: dict[str, Any] = {"t0_monotonic": time.monotonic(), "attach_s": 0.0}

@@ -26,7 +26,7 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, ProcessGone
-from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
 from leaktrace.probes.bpf import loader
 from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
 from leaktrace.probes.bpf.hookpaths import HookPaths
@@ -68,7 +68,7 @@ POLL_INTERVAL_S = 0.25
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
 
-class BpfProbe:
+class BpfProbe(ProbeBase):
     name = "bpf"
 
     def __init__(self, options: HuntOptions | None = None, poll_interval: float = POLL_INTERVAL_S,
@@ -111,9 +111,9 @@ class BpfProbe:
         self._build = loader.ProgramBuild(self.defines)  # compiled in the background from prepare()
         self.error: str | None = None
 
-    # ------------------------------------------------------------------ lifecycle
-    def prepare(self, ctx: HuntContext) -> None:
+    def prepare(self, ctx: HuntContext) -> bool:
         self._build.start()  # at the hunt's start; start() waits for it
+        return True
 
     def cancel(self) -> None:
         self._build.cancel()  # never started: a program compiled in the background is unloaded

@@ -11,7 +11,7 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
-from leaktrace.probes import HuntOptions
+from leaktrace.probes import HuntOptions, ProbeBase
 from leaktrace.probes.gdb.attach import GdbRun, PauseBudget, sample_process
 from leaktrace.probes.gdb.checks import preflight
 from leaktrace.probes.gdb.rows import run_row, sample_row
@@ -40,7 +40,7 @@ MAPPING_KINDS = ("anon", "file", "shm")  # sites whose call returns the address 
 FULL_READ_BYTES_PER_S = 10 << 20
 
 
-class GdbProbe:
+class GdbProbe(ProbeBase):
     """Samples each process of the target tree in turn, in a background thread.
 
     ``--gdb-samples N`` (N>0): every live process once, N mmap/mremap stacks each (or 10 s, or the

@@ -30,7 +30,7 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
-from leaktrace.probes import HuntContext, HuntOptions
+from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
 from leaktrace.probes.pyheap.client import WalkerGone, WalkerProcess
 from leaktrace.probes.pyheap.interpreter import PY_LIB_RE, Interpreter, locate, read_python_heap
 
@@ -42,7 +42,7 @@ def _looks_like_python(pid: int) -> bool:
         return False
 
 
-class PyHeapProbe:
+class PyHeapProbe(ProbeBase):
     """On for Python targets unless ``--no-pyheap``. Every tick: the GC counters (a few reads). The walk of
     every GC list with the objects counted by type (``pyheap_types``) runs in the walker process
     (:class:`WalkerProcess`: not in the hunt's interpreter, whose GIL it would hold against the ticks and the
