@@ -27,6 +27,7 @@ from typing import Any
 
 from leaktrace import resources
 from leaktrace.errors import BpfUnavailable
+from leaktrace.probes.bpf.compiler_memory import release_compiler_memory
 
 BCC_DIRS = [
     Path("/usr/lib/python3/dist-packages/bcc"),
@@ -239,6 +240,7 @@ class ProgramBuild:
     def __init__(self, defines: dict[str, int]) -> None:
         self.defines = defines
         self.started_at = 0.0
+        self.released_bytes = 0  # the compiler's memory given back after the load (compiler_memory.py)
         self._thread: threading.Thread | None = None
         self._result: tuple[Any, HeaderChoice, int | None, float] | BaseException | None = None
 
@@ -265,6 +267,7 @@ class ProgramBuild:
         ns = pid_namespace()
         pidns_ino = None if ns is None or ns.is_init else ns.ino
         prog, choice = load_program(defines={**self.defines, **(ns.defines() if ns else {})})
+        self.released_bytes = release_compiler_memory()
         return prog, choice, pidns_ino, time.monotonic() - t0
 
     def result(self) -> tuple[Any, HeaderChoice, int | None, float]:
