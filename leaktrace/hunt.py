@@ -18,6 +18,7 @@ from leaktrace.probes import HuntContext, HuntOptions, Probe, TargetSet
 from leaktrace.probes.bpf.probe import BpfProbe
 from leaktrace.probes.exporter import PrometheusExporter
 from leaktrace.probes.gdb.probe import GdbProbe
+from leaktrace.probes.heldfiles import HeldFilesProbe
 from leaktrace.probes.host import HostMemoryProbe
 from leaktrace.probes.metrics import MetricsProbe
 from leaktrace.probes.pyheap.probe import PyHeapProbe
@@ -42,6 +43,8 @@ PROBES: list[tuple[str, type, Callable[[HuntOptions], bool]]] = [
     ("ucx", UcxStateProbe, lambda o: True),
     # The host's memory and what each target pins (memory no process maps): one small read a tick, always on.
     ("host", HostMemoryProbe, lambda o: True),
+    # Memory held by descriptors (memfds, /dev/shm files, dma-bufs) and not mapped: a descriptor list every few ticks.
+    ("heldfiles", HeldFilesProbe, lambda o: True),
     ("exporter", PrometheusExporter, lambda o: o.prometheus_port is not None),
 ]
 

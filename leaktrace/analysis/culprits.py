@@ -35,6 +35,7 @@ from leaktrace.analysis.candidates import (
 )
 from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
 from leaktrace.analysis.growth import MB
+from leaktrace.analysis.heldfiles import held_candidates
 from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pyobjects import fold_native, type_growth
 from leaktrace.analysis.rules import Rule, load_rules, render_template
@@ -82,7 +83,7 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
     for k in ("instance", "first_named_s", "python", "mapped_mb_per_min", "stacks_kept",
-              "touched_by", "mapped_before_attach", "region"):
+              "touched_by", "mapped_before_attach", "region", "held_by"):
         if k in c.extra:
             out[k] = c.extra[k]
     return out
@@ -164,7 +165,8 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     # (libc / interpreter malloc, /proc-only): the same memory, not separate leaks.
     ledger = fold_native(python, ledger, types)
     watcher = uncovered_watcher(fold_native(python, watcher, types), ledger + touch, python)
-    cands = ledger + touch + python + watcher
+    held = held_candidates(reader, info, th)  # memory held by descriptors: in no RSS, so in no other candidate
+    cands = ledger + touch + python + watcher + held
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
     doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} | set(stopping)) - leaking

@@ -55,6 +55,8 @@ class HostMemory:
     hunted_anon_mb_per_min: float
     meminfo_mb_per_min: dict[str, float] = field(default_factory=dict)  # growth of each BREAKDOWN column
     pinned_mb_per_min: dict[str, float] = field(default_factory=dict)  # hunted VmPin / VmLck growth
+    # the hunted processes' memory held by descriptors and not mapped (held_files): theirs, though no RSS shows it
+    held_mb_per_min: float = 0.0
 
     @property
     def mem_available_mb_per_min(self) -> float:
@@ -72,8 +74,8 @@ class HostMemory:
         """What processes explain of ``unheld``: the hunted processes' growth beyond their anonymous memory
         (every process's anonymous memory is already out of it), or all of it when AnonPages is unknown."""
         if "anon_pages" not in self.meminfo_mb_per_min:
-            return self.hunted_mb_per_min
-        return self.hunted_mb_per_min - self.hunted_anon_mb_per_min
+            return self.hunted_mb_per_min + self.held_mb_per_min
+        return self.hunted_mb_per_min - self.hunted_anon_mb_per_min + self.held_mb_per_min
 
     @property
     def unattributed_mb_per_min(self) -> float:
@@ -121,6 +123,9 @@ def host_memory(reader: TableSource, procs: pd.DataFrame) -> HostMemory | None:
     if not hp.empty:
         for col in ("vm_pin", "vm_lck"):
             out.pinned_mb_per_min[col] = _sum_rate(hp, col)
+    held = reader.table("held_files") if "held_files" in reader.tables() else pd.DataFrame()
+    if not held.empty:
+        out.held_mb_per_min = _sum_rate(held, "bytes")
     return out
 
 
@@ -172,6 +177,9 @@ def host_candidate(h: HostMemory | None, th: dict[str, float] = THRESHOLDS) -> C
           f"{h.hunted_mb_per_min:.2f} MB/min, other processes' anonymous memory {h.others_anon_mb_per_min:.2f} MB/min: "
           f"{h.unattributed_mb_per_min:.2f} MB/min lost that no process holds",
           f"/proc/meminfo, MB/min: {breakdown}" if breakdown else ""]
+    if h.held_mb_per_min >= HOST_MB_PER_MIN:
+        ev.append(f"held open by descriptors of the hunted processes and not mapped: {h.held_mb_per_min:+.2f} MB/min, "
+                  "counted as theirs (their shm culprits, held_by fd), not as lost")
     if h.pinned_mb_per_min:
         ev.append("pinned by the hunted processes (/proc/PID/status), MB/min: "
                   + ", ".join(f"{'VmPin' if k == 'vm_pin' else 'VmLck'} {v:+.2f}" for k, v in h.pinned_mb_per_min.items()))

@@ -130,6 +130,9 @@ _DECLARED = (
                                "unevictable:i mlocked:i cached:i vmalloc_used:i slab_unreclaimable:i "
                                "kernel_stack:i page_tables:i")),
     Table("host_procs", _cols("t:f pid:i vm_pin:i vm_lck:i threads:i")),
+    # Memory held open by descriptor and not mapped (probes/heldfiles.py): names is a JSON list of
+    # [name, files, bytes], largest first.
+    Table("held_files", _cols("t:f pid:i bytes:i files:i names:s")),
     # ucx probe: effective UCX state (leaktrace.vllm.ucx.UcxConfig.as_row).
     Table("ucx_state", _cols("pid:i ucx_loaded:b ucx_version:s hooks_active:b hooked_functions:s hook_mode:s "
                              "rcache_max_unreleased:s rcache_enable:s hook_mode_source:s "
