@@ -37,6 +37,7 @@ from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.heldfiles import held_candidates
 from leaktrace.analysis.ledger import stack_frames
+from leaktrace.analysis.pinned import recognise as recognise_pinned
 from leaktrace.analysis.pyobjects import fold_native, type_growth
 from leaktrace.analysis.rules import Rule, load_rules, render_template
 from leaktrace.analysis.threadstacks import recognise as recognise_thread_stacks
@@ -80,6 +81,8 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     if rule is not None and rule.settings:
         now = (ucx_settings(reader, c.pid) or {}).get("settings", {})
         out["remedy_settings"] = {k: now.get(k) for k in rule.settings}  # effective in the process, at the end
+    if "measured_kind" in c.extra:
+        out["measured_kind"] = c.extra["measured_kind"]  # what the ledger measured before it was named
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
     for k in ("instance", "first_named_s", "python", "mapped_mb_per_min", "stacks_kept",
@@ -131,7 +134,8 @@ def uncovered_watcher(watcher: list[Candidate], ledger: list[Candidate], python:
     warm-up and as 17 MB/min over the window is one culprit, not a ledger one and a /proc duplicate)."""
     ledger_rate: dict[tuple[int, str], float] = {}
     for c in ledger:
-        kind = "native-mmap" if c.kind == "thread-stacks" else c.kind  # anonymous memory to /proc
+        # anonymous memory to /proc; locked memory is what the ledger measured it as
+        kind = "native-mmap" if c.kind == "thread-stacks" else c.extra.get("measured_kind", c.kind)
         ledger_rate[(c.pid, kind)] = ledger_rate.get((c.pid, kind), 0.0) + _window_rate(c)
     python_covered = {(c.pid, k) for c in python for k in ("native-mmap", "malloc-heap", "other")}
     # malloc's chunks above the mmap threshold are anonymous mappings to /proc: the ledger's malloc-heap
@@ -155,6 +159,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     ledger, ledger_ran = ledger_candidates(reader, info, warnings, th, stopping)
     _add_gdb_stacks(reader, ledger, warnings)
     ledger = recognise_thread_stacks(reader, ledger, warnings, th["ledger_mb_per_min"])
+    ledger, pinned = recognise_pinned(reader, ledger, info, th)  # locked or pinned: the ledger's, or alone
     pyheap = pyheap_growth(reader)
     types = type_growth(reader)
     python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th, types)
@@ -166,7 +171,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     ledger = fold_native(python, ledger, types)
     watcher = uncovered_watcher(fold_native(python, watcher, types), ledger + touch, python)
     held = held_candidates(reader, info, th)  # memory held by descriptors: in no RSS, so in no other candidate
-    cands = ledger + touch + python + watcher + held
+    cands = ledger + touch + pinned + python + watcher + held
     culprits = _order([explain(c, rules, reader) for c in cands])
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
     doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} | set(stopping)) - leaking

@@ -1,0 +1,57 @@
+"""Locked memory: a real process whose library mmaps and mlock()s staging buffers it never releases is a
+culprit of kind ``pinned`` with that library (the ledger's mapping, measured_kind native-mmap) at the rate
+its own count gives; VmLck is read from /proc/PID/status by the host probe."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from fixtures.build import build
+
+from leaktrace.session import SessionReader
+
+MB = 1024 * 1024
+CHUNK = 1 << 20
+PERIOD_MS = 500  # 2 MiB/s of locked pages: 120 MB/min
+
+
+@pytest.fixture(scope="module")
+def pinbuf_bin() -> Path:
+    lib = build("libpinbuf.so", ["pinbuf_lib.c"], shared=True)
+    return build("pinbuf", ["pinbuf.c"], ldflags=[f"-L{lib.parent}", "-lpinbuf", f"-Wl,-rpath,{lib.parent}"])
+
+
+@pytest.mark.bpf
+def test_an_mlock_leak_is_pinned_with_its_library(spawn, pinbuf_bin, tmp_path):
+    target = spawn([pinbuf_bin, CHUNK, PERIOD_MS])
+    samples: list[tuple[float, int]] = []
+
+    def read() -> None:
+        for line in target.popen.stdout:
+            if line.startswith("held "):
+                samples.append((time.monotonic(), int(line.split()[1])))
+
+    threading.Thread(target=read, daemon=True).start()
+    r = run_cli("hunt", "--pid", target.pid, "--duration", 30, "--format", "json", "--out", tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert rep["verdict"] == "leak", rep["verdict_reason"]
+    c = rep["culprits"][0]
+    assert c["kind"] == "pinned" and c["rule"] == "pinned-memory", rep["culprits"]
+    assert c["pid"] == target.pid and c["library"] == "libpinbuf.so"
+    assert c.get("measured_kind") == "native-mmap"
+    assert any("VmLck" in e for e in c["evidence"])
+    reader = SessionReader(tmp_path / "s")
+    hp = reader.table("host_procs")
+    t0 = reader.meta["t0_monotonic"]
+    ts, held = (np.array(v, dtype=float) for v in zip(*samples, strict=True))
+    keep = (ts >= t0 + float(hp["t"].min())) & (ts <= t0 + float(hp["t"].max()))
+    truth = float(np.polyfit(ts[keep], held[keep], 1)[0]) * 60.0 / MB
+    assert c["mb_per_min"] == pytest.approx(truth, rel=0.15)
+    assert not [x for x in rep["culprits"] if x["pid"] == target.pid and x is not c and x["kind"] == "native-mmap"]
