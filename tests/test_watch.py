@@ -87,11 +87,17 @@ def test_watch_end_to_end(tmp_path, spawn, target_bin):
         except ConnectionRefusedError:
             pass
 
+        suspects: list[dict] = []  # what watch.json names for the leaker while it is confirmed
+
         def hunted() -> bool:
+            st = _state(out)
+            suspects.extend(t["suspect"] for t in st.get("targets", []) if t["pid"] == leaker.pid and t.get("suspect"))
             return any(i["kind"] == "leak" and i["pid"] == leaker.pid and i["status"] != "running"
-                       for i in _state(out).get("incidents", []))
+                       for i in st.get("incidents", []))
 
         assert wait_for(hunted, timeout=90, step=0.5), _state(out)
+        assert suspects and suspects[-1]["library"] == LIB and suspects[-1]["kind"] == "native-mmap", suspects
+        assert abs(suspects[-1]["mb_per_min"] - LEAK_KIB_S * 60 / 1024) < 0.3 * LEAK_KIB_S * 60 / 1024, suspects
         text = _scrape(port)
         samples = _samples(text)
         served = {s.name for s in samples}

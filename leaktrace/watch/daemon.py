@@ -34,6 +34,7 @@ from leaktrace.watch.incidents import (
 from leaktrace.watch.judge import Judgement, judge, thresholds
 from leaktrace.watch.kmsg import oom_killed
 from leaktrace.watch.ring import RingSession
+from leaktrace.watch.suspect import suspect
 from leaktrace.watch.targets import Selector, selection
 
 WATCH_JSON = "watch.json"
@@ -278,13 +279,18 @@ class Watch:
     # -- what others read
     def _publish(self) -> None:
         procs = []
+        now = self.ring.now()
         for pid, tr in sorted(self.tracked.items()):
             info = self.selector.describe(pid, tr.root)
+            state = ("confirmed" if tr.confirmed else "leaking" if tr.leaking_since is not None
+                     else "growing" if tr.j.growing else "ok")
+            # Under confirmation or confirmed: what the eBPF ledger names, while the leak is confirmed.
+            named = suspect(self.ring.since("ledger_snapshots", pid, now - self.window_s),
+                            self.th["ledger_mb_per_min"]) if state in ("leaking", "confirmed") else None
             procs.append({"pid": pid, "root": tr.root, "label": info.label, "role": info.role,
                           "instance": info.instance, "rss": tr.j.rss, "anon": tr.j.anon,
-                          "rss_per_s": tr.j.rss_per_s, "anon_per_s": tr.j.anon_per_s,
-                          "state": ("confirmed" if tr.confirmed else "leaking" if tr.leaking_since is not None
-                                    else "growing" if tr.j.growing else "ok")})
+                          "rss_per_s": tr.j.rss_per_s, "anon_per_s": tr.j.anon_per_s, "state": state,
+                          "suspect": named})
         # Outstanding bytes by library: the watch's own eBPF ledger (since it attached) where it runs, else
         # the ledger of the process's deep hunt (what was mapped during that hunt).
         outstanding: dict[tuple[str, str, str], float] = {}
@@ -325,7 +331,8 @@ class Watch:
             "targets": [{**{k: p[k] for k in ("pid", "root", "label", "role", "instance", "state")},
                          "rss_bytes": p["rss"], "anon_bytes": p["anon"],
                          "rss_mb_per_min": round(p["rss_per_s"] * 60 / 2**20, 4),
-                         "anon_mb_per_min": round(p["anon_per_s"] * 60 / 2**20, 4)} for p in snap["procs"]],
+                         "anon_mb_per_min": round(p["anon_per_s"] * 60 / 2**20, 4),
+                         **({"suspect": p["suspect"]} if p.get("suspect") else {})} for p in snap["procs"]],
             "exited": list(self.exited),
             "incidents_total": self.incidents_total,
             "incidents": [i.as_dict() for i in self.incidents],

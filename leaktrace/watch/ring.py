@@ -74,6 +74,11 @@ class RingSession:
                 out.append(r)
         return out
 
+    def since(self, table: str, pid: int, t0: float) -> list[dict[str, Any]]:
+        """``pid``'s rows of ``table`` from time ``t0`` on, oldest first."""
+        with self._lock:
+            return [r for r in self._rows.get(pid, {}).get(table, ()) if r["t"] >= t0]
+
     def pids(self) -> list[int]:
         with self._lock:
             return sorted(self._rows)
