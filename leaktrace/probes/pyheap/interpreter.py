@@ -44,22 +44,28 @@ _DWARF_EXPRS = {
 }
 
 
-@lru_cache(maxsize=16)
 def _offsets_from_dwarf(path: str, mtime_ns: int) -> dict[str, int] | None:
+    return dwarf_offsets(path, mtime_ns, tuple(_DWARF_EXPRS.items()))
+
+
+@lru_cache(maxsize=16)
+def dwarf_offsets(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) -> dict[str, int] | None:
+    """{name: value} of each (name, C expression) as gdb evaluates it over ``path``'s DWARF; None when gdb
+    is missing or any of them has no value (no debug info, a field this version does not have)."""
     gdb = shutil.which("gdb")
     if not gdb:
         return None
     args = [gdb, "-nx", "-batch"]
-    for expr in _DWARF_EXPRS.values():
+    for _name, expr in exprs:
         args += ["-ex", f"p (long)({expr})"]
     try:
         out = subprocess.run(args + [path], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     vals = [int(m.group(1)) for m in re.finditer(r"^\$\d+ = (-?\d+)$", out, re.M)]
-    if len(vals) != len(_DWARF_EXPRS):
+    if len(vals) != len(exprs):
         return None
-    return dict(zip(_DWARF_EXPRS, vals, strict=True))
+    return dict(zip((name for name, _ in exprs), vals, strict=True))
 
 
 def _python_image(maps: list[procfs.Mapping]) -> tuple[str, str] | None:
