@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import struct
-import subprocess
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from leaktrace import procfs
+from leaktrace.dwarf import dwarf_offsets
 from leaktrace.elf import elf_info
 from leaktrace.probes.pyheap.walk import WALK_BUDGET_S, type_names, walk_retry
 from leaktrace.procmem import ProcMem, load_bias
@@ -47,25 +45,6 @@ _DWARF_EXPRS = {
 def _offsets_from_dwarf(path: str, mtime_ns: int) -> dict[str, int] | None:
     return dwarf_offsets(path, mtime_ns, tuple(_DWARF_EXPRS.items()))
 
-
-@lru_cache(maxsize=16)
-def dwarf_offsets(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) -> dict[str, int] | None:
-    """{name: value} of each (name, C expression) as gdb evaluates it over ``path``'s DWARF; None when gdb
-    is missing or any of them has no value (no debug info, a field this version does not have)."""
-    gdb = shutil.which("gdb")
-    if not gdb:
-        return None
-    args = [gdb, "-nx", "-batch"]
-    for _name, expr in exprs:
-        args += ["-ex", f"p (long)({expr})"]
-    try:
-        out = subprocess.run(args + [path], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    vals = [int(m.group(1)) for m in re.finditer(r"^\$\d+ = (-?\d+)$", out, re.M)]
-    if len(vals) != len(exprs):
-        return None
-    return dict(zip((name for name, _ in exprs), vals, strict=True))
 
 
 def _python_image(maps: list[procfs.Mapping]) -> tuple[str, str] | None:
