@@ -20,6 +20,7 @@ from leaktrace.probes.exporter import PrometheusExporter
 from leaktrace.probes.gdb.probe import GdbProbe
 from leaktrace.probes.heldfiles import HeldFilesProbe
 from leaktrace.probes.host import HostMemoryProbe
+from leaktrace.probes.mallocstate.probe import MallocStateProbe
 from leaktrace.probes.metrics import MetricsProbe
 from leaktrace.probes.pyheap.probe import PyHeapProbe
 from leaktrace.probes.ucx_state import UcxStateProbe
@@ -45,6 +46,8 @@ PROBES: list[tuple[str, type, Callable[[HuntOptions], bool]]] = [
     ("host", HostMemoryProbe, lambda o: True),
     # Memory held by descriptors (memfds, /dev/shm files, dma-bufs) and not mapped: a descriptor list every few ticks.
     ("heldfiles", HeldFilesProbe, lambda o: True),
+    # glibc malloc's books: in use or free memory the allocator keeps. Start, stop, and a 2% CPU share between.
+    ("malloc", MallocStateProbe, lambda o: True),
     ("exporter", PrometheusExporter, lambda o: o.prometheus_port is not None),
 ]
 

@@ -101,6 +101,8 @@ def _culprits_by_key(report: Report) -> dict[tuple[str, str, str], list[Culprit]
     roles = _roles(report)
     out: dict[tuple[str, str, str], list[Culprit]] = {}
     for c in report.get("culprits") or []:
+        if c.get("kind") == "allocator-retention":
+            continue  # free memory an allocator keeps: never a leak to be fixed or to regress
         if float(c.get("mb_per_min") or 0.0) >= MIN_MB_PER_MIN:
             out.setdefault(_culprit_key(c, roles), []).append(c)
     return out

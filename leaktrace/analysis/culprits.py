@@ -39,6 +39,7 @@ from leaktrace.analysis.heldfiles import held_candidates
 from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pinned import recognise as recognise_pinned
 from leaktrace.analysis.pyobjects import fold_native, type_growth
+from leaktrace.analysis.retention import recognise as recognise_retention
 from leaktrace.analysis.rules import Rule, load_rules, render_template
 from leaktrace.analysis.threadstacks import recognise as recognise_thread_stacks
 from leaktrace.analysis.touch import joined_holds_growth, touch_candidates
@@ -86,7 +87,7 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
     for k in ("instance", "first_named_s", "python", "mapped_mb_per_min", "stacks_kept",
-              "touched_by", "mapped_before_attach", "region", "held_by"):
+              "touched_by", "mapped_before_attach", "region", "held_by", "live_mb_per_min", "retained_mb_per_min"):
         if k in c.extra:
             out[k] = c.extra[k]
     return out
@@ -142,7 +143,7 @@ def uncovered_watcher(watcher: list[Candidate], ledger: list[Candidate], python:
     # candidate explains the process's anonymous growth when its rate accounts for it
     heap_rate: dict[int, float] = {}
     for c in ledger:
-        if c.kind == "malloc-heap":
+        if c.extra.get("measured_kind", c.kind) == "malloc-heap":
             heap_rate[c.pid] = heap_rate.get(c.pid, 0.0) + _window_rate(c)
     return [c for c in watcher if (c.pid, c.kind) not in python_covered
             and ledger_rate.get((c.pid, c.kind), 0.0) < COVERED_SHARE * c.mb_per_min
@@ -160,6 +161,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     _add_gdb_stacks(reader, ledger, warnings)
     ledger = recognise_thread_stacks(reader, ledger, warnings, th["ledger_mb_per_min"])
     ledger, pinned = recognise_pinned(reader, ledger, info, th)  # locked or pinned: the ledger's, or alone
+    ledger = recognise_retention(reader, ledger, th)  # a heap's growth in use, or free memory malloc keeps
     pyheap = pyheap_growth(reader)
     types = type_growth(reader)
     python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th, types)

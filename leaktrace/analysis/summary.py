@@ -125,11 +125,20 @@ def _plateaus(procs: pd.DataFrame, skip: set[int] | None = None) -> str:
 
 def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]:
     th = THRESHOLDS
-    if findings.culprits and (findings.leaking_pids or any(c["source"] != "watcher" for c in findings.culprits)):
-        n = len({c["pid"] for c in findings.culprits})
+    # Free memory an allocator keeps is never a leak on its own: said, beside whatever else the hunt found.
+    kept = [c for c in findings.culprits if c["kind"] == "allocator-retention"]
+    leaks = [c for c in findings.culprits if c["kind"] != "allocator-retention"]
+    retained = "".join(f"; pid {c['pid']}: its heap grows {c['mb_per_min']:.2f} MB/min of free memory malloc keeps "
+                       f"(in use {c.get('live_mb_per_min', 0.0):+.2f} MB/min): allocator retention, not a leak"
+                       for c in kept)
+    leaking = set(findings.leaking_pids) - {c["pid"] for c in kept}
+    if leaks and (leaking or any(c["source"] != "watcher" for c in leaks)):
+        n = len({c["pid"] for c in leaks})
         return "leak", (f"{n} process(es) grow ≥ {th['leak_mb_per_min']} MB/min steadily (confidence ≥ "
                         f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step, not decelerating)"
-                        + _plateaus(procs, {c["pid"] for c in findings.culprits}))
+                        + _plateaus(procs, {c["pid"] for c in findings.culprits}) + retained)
+    if kept:
+        return "no-leak", "nothing in use grows at the leak rate" + retained
     plateaus = _plateaus(procs)
     stopping = getattr(findings, "stopping", {}) or {}
     if stopping and findings.doubtful_pids:
@@ -168,7 +177,9 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
     verdict, why = _verdict(procs, findings, span)
     host = host_memory(reader, procs)  # memory the host loses that no hunted process holds
     verdict, why = add_host_culprit(findings, host, reader, verdict, why)
-    culprits = findings.culprits if verdict == "leak" else []
+    # No leak: no culprit, but free memory an allocator keeps, named so it is not mistaken for one.
+    culprits = findings.culprits if verdict == "leak" else [
+        c for c in findings.culprits if c["kind"] == "allocator-retention"]
     if with_first_named and culprits:
         try:
             first_named(reader, culprits)

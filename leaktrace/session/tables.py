@@ -130,6 +130,10 @@ _DECLARED = (
                                "unevictable:i mlocked:i cached:i vmalloc_used:i slab_unreclaimable:i "
                                "kernel_stack:i page_tables:i")),
     Table("host_procs", _cols("t:f pid:i vm_pin:i vm_lck:i threads:i")),
+    # glibc malloc's books (probes/mallocstate): mallinfo2()'s figures; complete: every list walked through.
+    # host_cpus, cpu_limit (cgroup cpu.max in CPUs, -1 none) and settings (MALLOC_*): read once per process.
+    Table("malloc_state", _cols("t:f pid:i arena:i fordblks:i fsmblks:i top:i uordblks:i hblkhd:i arenas:i "
+                                "free_chunks:i complete:b host_cpus:i cpu_limit:f settings:s")),
     # Memory held open by descriptor and not mapped (probes/heldfiles.py): names is a JSON list of
     # [name, files, bytes], largest first.
     Table("held_files", _cols("t:f pid:i bytes:i files:i names:s")),

@@ -1,0 +1,82 @@
+"""Leak or retention: glibc malloc's books (the ``malloc_state`` table, leaktrace/probes/mallocstate) split a
+process's heap growth into memory in use (``uordblks`` + ``hblkhd``: what the program holds) and free memory
+the allocator keeps (``fordblks``: bins, fast bins, the top chunk).
+
+Memory in use is read as its floor (the least of neighbouring reads): temporary buffers held at the moment of
+a read are not kept. Each malloc-heap candidate of a process whose books were read carries both rates (``live_mb_per_min``,
+``retained_mb_per_min``: the process's, malloc keeping one set of books per process). When the memory in use
+does not grow at the leak rate and the kept free memory explains the heap's growth, the growth is the
+allocator's retention, not a leak: the candidate becomes ``allocator-retention`` (never a leak verdict on its
+own), with the facts a remedy needs — the arenas in use, the container's CPU limit, the remedy read from the
+process's own settings (MALLOC_ARENA_MAX, MALLOC_TRIM_THRESHOLD_).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from leaktrace.analysis.candidates import THRESHOLDS, Candidate
+from leaktrace.analysis.growth import Rate, rate
+from leaktrace.session import TableSource
+
+# The kept free memory explains a heap's growth when it grows at least this share of the candidate's rate.
+RETAINED_SHARE = 0.5
+FLOOR_READS = 3
+
+
+def books(reader: TableSource) -> dict[int, dict[str, Any]]:
+    """pid -> {"live": Rate, "retained": Rate, "last": the last read} for each process read at least 3 times."""
+    ms = reader.table("malloc_state") if "malloc_state" in reader.tables() else pd.DataFrame()
+    out: dict[int, dict[str, Any]] = {}
+    if ms.empty:
+        return out
+    for pid, rows in ms.groupby("pid"):
+        rows = rows[rows["complete"].astype(bool)].sort_values("t")
+        if len(rows) < 3:
+            continue
+        # In use at a read includes the temporary buffers of that moment: its floor (the least of each read and
+        # its neighbours) is what the program keeps, and grows with a leak, not with bigger temporary batches.
+        in_use = (rows["uordblks"] + rows["hblkhd"]).rolling(FLOOR_READS, center=True, min_periods=1).min()
+        live = rate(rows["t"], in_use, warmup_s=0.0)
+        retained = rate(rows["t"], rows["fordblks"], warmup_s=0.0)
+        out[int(pid)] = {"live": live, "retained": retained, "last": rows.iloc[-1].to_dict(), "reads": len(rows)}
+    return out
+
+
+def _steady(r: Rate) -> float:
+    return 0.0 if r.step else r.mb_per_min
+
+
+def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
+    """``ledger`` with each malloc-heap candidate given its process's live and retained rates, and re-labelled
+    ``allocator-retention`` where kept free memory, not memory in use, makes the growth."""
+    by_pid = books(reader)
+    for c in ledger:
+        b = by_pid.get(c.pid)
+        if c.kind != "malloc-heap" or b is None:
+            continue
+        live, kept = _steady(b["live"]), _steady(b["retained"])
+        c.extra["live_mb_per_min"] = round(live, 4)
+        c.extra["retained_mb_per_min"] = round(kept, 4)
+        last = b["last"]
+        line = (f"glibc malloc's books ({b['reads']} reads of its {int(last['arenas'])} arena(s), as mallinfo2() "
+                f"counts): in use {live:+.2f} MB/min, free memory malloc keeps {kept:+.2f} MB/min; at the end "
+                f"{int(last['uordblks'] + last['hblkhd']) / 2**20:.1f} MB in use, {int(last['fordblks']) / 2**20:.1f} "
+                "MB free and kept")
+        c.evidence.insert(0, line)
+        if live < th["leak_mb_per_min"] and kept >= RETAINED_SHARE * c.mb_per_min:
+            c.extra["measured_kind"] = c.kind
+            c.kind = "allocator-retention"
+            c.extra["rule_fields"] = {**c.extra.get("rule_fields", {}), **_facts(last)}
+    return ledger
+
+
+def _facts(last: dict[str, Any]) -> dict[str, str]:
+    """What the remedy rests on, as the probe read it: arenas in use, the CPUs glibc sizes its arena limit
+    by (8 per CPU of the host, whatever the container's limit), the container's limit, malloc's settings."""
+    limit = last.get("cpu_limit")
+    return {"arenas": str(int(last["arenas"])), "cpus": str(int(last.get("host_cpus") or 0) or "?"),
+            "cpu_limit": "none" if limit is None or pd.isna(limit) or limit < 0 else f"{limit:.1f} CPUs",
+            "malloc_settings": str(last.get("settings") or "none set")}

@@ -1,0 +1,100 @@
+"""Leak or retention, from glibc malloc's own books read from outside: the books match the mallinfo2() the
+process computes on itself; a process staging ever larger batches of temporary buffers that glibc keeps is
+allocator retention (verdict not leak) with its remedy, while a process that keeps what it mallocs beside it is
+a malloc-heap leak with its memory in use rated as its own mallinfo2() counts it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from fixtures.build import build
+
+from leaktrace.probes.mallocstate.glibc import locate, read_malloc_state
+
+MB = 1024 * 1024
+STAGERS = ["8", "2", "250", "0"]  # 8 threads, +2 × 64 KiB a round each, a round every 250 ms: ~240 MB/min kept
+LEAK_KIB_PER_S = 512
+
+
+@pytest.fixture(scope="module")
+def mallinfo_bin() -> Path:
+    return build("mallinfo_self", ["mallinfo_self.c"], ldflags=["-lpthread"])
+
+
+@pytest.fixture(scope="module")
+def retain_bin() -> Path:
+    return build("malloc_retain", ["malloc_retain.c"], ldflags=["-lpthread"])
+
+
+def test_books_read_from_outside_match_mallinfo2(spawn, mallinfo_bin):
+    target = spawn([mallinfo_bin, 4, 20000], ready=None)
+    fields = target.popen.stdout.readline().split()
+    assert fields[0] == "ready", fields
+    arena, fordblks, fsmblks, uordblks, hblkhd = map(int, fields[1:])
+    where = locate(target.pid)
+    assert not isinstance(where, str), where
+    st = read_malloc_state(target.pid, where)
+    assert st["complete"] and st["arenas"] == 5  # the main arena and one per thread
+    assert st["arena"] == arena and st["hblkhd"] == hblkhd and st["fsmblks"] == fsmblks
+    # stdout's buffer is malloc'ed after the process's own mallinfo2(): a few KiB moved from free to in use
+    assert st["fordblks"] == pytest.approx(fordblks, abs=16 << 10)
+    assert st["uordblks"] == pytest.approx(uordblks, abs=16 << 10)
+    assert st["free_chunks"] > 10_000
+
+
+class Mallinfo:
+    """A fixture's own mallinfo2() lines ("mi ARENA FORDBLKS UORDBLKS HBLKHD"), with the time each came."""
+
+    def __init__(self, proc) -> None:
+        self.rows: list[tuple[float, int, int, int, int]] = []
+        threading.Thread(target=self._read, args=(proc.popen.stdout,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            if line.startswith("mi "):
+                self.rows.append((time.monotonic(), *map(int, line.split()[1:])))
+
+    def mb_per_min(self, col: int, t0: float, t1: float) -> float:
+        a = np.array([r for r in self.rows if t0 <= r[0] <= t1], dtype=float)
+        return float(np.polyfit(a[:, 0], a[:, col], 1)[0]) * 60.0 / MB
+
+
+def _hunt(tmp_path: Path, name: str, *pids: int) -> dict:
+    args = [a for p in pids for a in ("--pid", p)]
+    r = run_cli("hunt", *args, "--duration", 40, "--format", "json", "--out", tmp_path / name)
+    assert r.returncode == 0, r.stderr
+    return json.loads((tmp_path / name / "report.json").read_text())
+
+
+@pytest.mark.bpf
+def test_retention_is_no_leak_and_a_live_leak_beside_it_stays_one(spawn, retain_bin, tmp_path):
+    stager = spawn([retain_bin, *STAGERS])
+    rep = _hunt(tmp_path, "alone", stager.pid)
+    assert rep["verdict"] != "leak", rep["verdict_reason"]
+    kept = [c for c in rep["culprits"] if c["pid"] == stager.pid]
+    assert [c["kind"] for c in kept] == ["allocator-retention"], rep["culprits"]
+    c = kept[0]
+    assert c["rule"] == "allocator-retention" and "MALLOC_ARENA_MAX" in c["remedy"]
+    assert abs(c["live_mb_per_min"]) < 1.0 and c["retained_mb_per_min"] > 100
+    assert "allocator retention" in rep["verdict_reason"]
+
+    leaker = spawn([retain_bin, "0", "0", "0", LEAK_KIB_PER_S])
+    truth = Mallinfo(leaker)
+    t0 = time.monotonic()
+    rep = _hunt(tmp_path, "both", stager.pid, leaker.pid)
+    t1 = time.monotonic()
+    assert rep["verdict"] == "leak", rep["verdict_reason"]
+    by_pid = {c["pid"]: c for c in rep["culprits"]}
+    assert by_pid[stager.pid]["kind"] == "allocator-retention", rep["culprits"]
+    live = by_pid[leaker.pid]
+    assert live["kind"] == "malloc-heap", rep["culprits"]
+    in_use = truth.mb_per_min(3, t0 + 5, t1)  # its own mallinfo2() uordblks
+    assert in_use == pytest.approx(LEAK_KIB_PER_S * 60 / 1024 * 272 / 256, rel=0.2)  # the fixture kept its pace
+    assert live["live_mb_per_min"] == pytest.approx(in_use, rel=0.10)
+    assert live["mb_per_min"] == pytest.approx(in_use, rel=0.15)
