@@ -86,9 +86,9 @@ def proc_state(pid):
 
 
 class LibraryRanges:
-    """pc -> mapped file, from /proc/PID/maps (works for stripped libraries and the executable alike).
-    Re-read when a pc falls outside every known range (a library dlopen()ed since), at most twice a
-    second."""
+    """pc -> mapped file, from /proc/PID/maps (works for stripped libraries and the executable alike), and
+    whether a pc lies in executable memory at all. Re-read when a pc falls outside every known range (a
+    library dlopen()ed since), at most twice a second."""
 
     def __init__(self, pid):
         self.pid = pid
@@ -103,13 +103,16 @@ class LibraryRanges:
             with open(f"/proc/{self.pid}/maps") as f:
                 for line in f:
                     parts = line.split(None, 5)
-                    if len(parts) < 6:
+                    if len(parts) < 5:
                         continue
-                    path = parts[5].strip()
-                    if not path or (path.startswith("[") and path != "[vdso]"):
-                        continue
+                    path = parts[5].strip() if len(parts) > 5 else ""
+                    executable = "x" in parts[1]
+                    if path.startswith("[") and path != "[vdso]":
+                        path = ""
+                    if not path and not executable:
+                        continue  # data nobody names: only code there (JIT) matters to a backtrace
                     lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                    entries.append((lo, hi, int(parts[2], 16), path))
+                    entries.append((lo, hi, int(parts[2], 16), path, executable))
         except OSError:
             return
         entries.sort()
@@ -118,6 +121,15 @@ class LibraryRanges:
         self.read_at = time.monotonic()
 
     def lookup(self, pc):
+        """(path, offset in the file) of a pc in a mapped file, else None."""
+        hit = self._entry(pc)
+        return (hit[3], pc - hit[0] + hit[2]) if hit is not None and hit[3] else None
+
+    def is_code(self, pc):
+        hit = self._entry(pc)
+        return hit is not None and hit[4]
+
+    def _entry(self, pc):
         hit = self._find(pc)
         if hit is None and time.monotonic() - self.read_at > 0.5:
             self.refresh()
@@ -126,10 +138,8 @@ class LibraryRanges:
 
     def _find(self, pc):
         i = bisect.bisect_right(self.starts, pc) - 1
-        if i >= 0:
-            lo, hi, offset, path = self.entries[i]
-            if pc < hi:
-                return path, pc - lo + offset
+        if i >= 0 and pc < self.entries[i][1]:
+            return self.entries[i]
         return None
 
 
@@ -546,7 +556,10 @@ class Sampler:
         pc_is_return_address = innermost_is_return
         while frame is not None and level < self.max_frames:
             pc = frame.pc()
-            if pc == 0 and level:  # the unwind ran off the end (no unwind info for the frame below)
+            if not self.libs.is_code(pc):
+                # Not a code address (0, a small integer, a stack or heap address): the unwinder ran off
+                # the end or guessed through a frame it had no unwind information for (libffi's call
+                # trampoline); nothing it finds above is a frame a call reached.
                 break
             # Above the innermost frame pc is usually a return address: look the symbol up at pc-1,
             # still inside the calling function even when the call was its last instruction. Not so

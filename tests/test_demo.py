@@ -3,13 +3,16 @@ every probe available, and must name libxfer_demo.so as the top culprit within 3
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 
 import pytest
 from conftest import is_root, run_cli
 from test_report import OUTPUTS, assert_renders
 
 from leaktrace.demo import LIBRARY
+from leaktrace.report.pprof import messages
 
 RATE = 120.0  # MiB/min, the workload's known leak rate
 NAMED_WITHIN_S = 10.0  # a 2 MiB/s leak is named within 10 s of attach
@@ -18,7 +21,8 @@ NAMED_WITHIN_S = 10.0  # a 2 MiB/s leak is named within 10 s of attach
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "session"
-    r = run_cli("demo", "--duration", "20", "--rate", str(RATE), "--out", out, timeout=240)
+    r = run_cli("demo", "--duration", "20", "--rate", str(RATE), "--out", out, "--format", "json,md,html,folded,pprof",
+                timeout=240)
     return r, out
 
 
@@ -49,6 +53,21 @@ def test_demo_names_the_library_first(demo_run):
     assert f"top culprit: {LIBRARY}" in r.stdout
     assert LIBRARY in (out / "outstanding.folded").read_text()
     assert "libxfer_demo.so" in (out / "report.md").read_text()
+
+
+def test_no_stack_holds_a_frame_that_is_no_code_address(demo_run):
+    """The workload calls the library through ctypes and libffi, whose call trampoline gdb has no unwind
+    information for: what an unwinder guesses past it (small integers, stack addresses) is never shown."""
+    _, out = demo_run
+    rep = json.loads((out / "report.json").read_text())
+    invented = re.compile(r"(^|;)\?[!@]0x|\[(stack|heap)")
+    frames = [f for c in rep["culprits"] for f in c["stack"]]
+    assert frames and not [f for f in frames if invented.search(f)], frames
+    folded = (out / "outstanding.folded").read_text()
+    assert not invented.search(folded), folded
+    prof = messages()["Profile"].FromString(gzip.decompress((out / "outstanding.pb.gz").read_bytes()))
+    names = [prof.string_table[f.name] for f in prof.function]
+    assert names and not [n for n in names if invented.search(n)], names
 
 
 def test_demo_html_renders_in_chromium(demo_run, tmp_path):

@@ -15,7 +15,9 @@ from conftest import LEAKTRACE, REPO, wait_for
 from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
 from ops_helpers import wait_rollup
 
-from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, join_samples_to_regions
+from leaktrace.analysis.frames import code_frames
+from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for, join_regions, join_samples_to_regions
+from leaktrace.analysis.ledger import stack_frames
 from leaktrace.probes.gdb.checks import tracer_of
 from leaktrace.probes.gdb.rows import sample_row, stack_strings
 from leaktrace.session import SessionReader, SessionWriter
@@ -41,6 +43,25 @@ def test_stack_strings_format():
                                      "app!main+0x4"]
     py = [{**HOOKED[0], "python": [{"func": "f", "file": "a.py", "line": 3}]}]
     assert stack_strings(py)[1] == "python!f (a.py:3)"
+
+
+def test_a_stack_is_cut_at_its_first_frame_that_is_no_code_address(tmp_path):
+    """A session whose gdb unwind guessed past libffi (small integers and stack addresses as frames) and whose
+    frame-pointer walk ran into data: what reads those stacks keeps the frames below the first guess only."""
+    guessed = ["libxfer.so!xfer_send+0x3d", "libffi.so.8+0x6f7a", "?!0x7", "?!0x7ffe8589cf60",
+               "libffi.so.8+0x640e", "?!0x1"]
+    w = SessionWriter(tmp_path / "s")
+    row = sample(1.0, 7, "mmap", 0x10000, HOOKED)
+    w.append("gdb_samples", [{**row, "stack": json.dumps(guessed)}])
+    w.append("bpf_stacks", [{"stack_key": "7:0x1000", "pid": 7, "site": 0x1000, "stack_id": 1, "library": "libx.so",
+                             "symbol": "libx.so!f+0x1",
+                             "frames": "libc.so.6!syscall+0x19\nlibx.so!f+0x1\n?@0x7\nlibx.so+0x40\n[stack]+0x10"}])
+    w.close()
+    r = SessionReader(tmp_path / "s")
+    assert list(gdb_samples(r)["stack"].iloc[0]) == guessed[:2]
+    assert stack_frames(r)["7:0x1000"] == ["libc.so.6!syscall+0x19", "libx.so!f+0x1"]
+    assert code_frames(["[vdso]!__vdso_clock_gettime+0x5", "[anon]@0x7f0000001000", "[heap]+0x10", "a!b"]) == \
+        ["[vdso]!__vdso_clock_gettime+0x5", "[anon]@0x7f0000001000"]
 
 
 def test_join_picks_the_region_holding_the_address():

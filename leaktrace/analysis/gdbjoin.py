@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from leaktrace.analysis.frames import code_frames
 from leaktrace.session import TableSource
 
 MAPPING_SYSCALLS = ("mmap", "mremap")
@@ -42,7 +43,7 @@ def gdb_samples(reader: TableSource) -> pd.DataFrame:
         return df
     df = df.copy()
     df["frames"] = df["frames"].map(_json_list)
-    df["stack"] = df["stack"].map(_json_list)
+    df["stack"] = df["stack"].map(lambda s: code_frames(_json_list(s)))
     return df
 
 
@@ -96,7 +97,7 @@ def join_samples_to_regions(samples: pd.DataFrame, regions: pd.DataFrame) -> pd.
     out["gdb_syscall"] = [s["syscall"] if s else None for s in latest]
     out["gdb_addr"] = [int(s["addr"]) if s else 0 for s in latest]
     out["gdb_length"] = [int(s["length"]) if s else 0 for s in latest]
-    out["gdb_stack"] = [_json_list(s["stack"]) if s else [] for s in latest]
+    out["gdb_stack"] = [code_frames(_json_list(s["stack"])) if s else [] for s in latest]
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from leaktrace.analysis.frames import code_frames
 from leaktrace.analysis.growth import MB, Rate, rate, shape_evidence, stop_evidence
 from leaktrace.analysis.load import requests_by_pid
 from leaktrace.memclass import LIBC_LIBRARY
@@ -212,7 +213,7 @@ def stack_frames(reader: TableSource) -> dict[str, list[str]]:
     stacks = reader.table("bpf_stacks")
     if stacks.empty:
         return {}
-    return {str(r.stack_key): [f for f in str(r.frames).split("\n") if f] for r in stacks.itertuples()}
+    return {str(r.stack_key): code_frames([f for f in str(r.frames).split("\n") if f]) for r in stacks.itertuples()}
 
 
 def _groups(snaps: pd.DataFrame) -> list[tuple[int, str | None, str]]:

@@ -138,20 +138,27 @@ class SnapshotRows:
                                 "top_sites": self.scanner.top_sites(sites, self.stack_frames)}
 
     def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:
+        # Only code addresses are frames: the frame-pointer walk goes on through code built without frame
+        # pointers with whatever words it finds (small integers, stack addresses), and nothing above the
+        # first of those is a frame a call reached.
         frames: list[str] = []
-        if ip:
+        if ip and self.symbols.is_code(pid, ip):
             frames.append(str(self.symbols.frame(pid, ip)))
         chain = self.scanner.chains.get((pid, site))
         if chain is not None:  # a heap's growth: the return addresses its stack window held that a call reached
             chain = self.scanner.verified_chain(pid, chain, ip or None)
-            return frames + [str(self.symbols.frame(pid, a)) for a in chain]
+            return frames + [str(self.symbols.frame(pid, a)) for a in chain if self.symbols.is_code(pid, a)]
         if site:
+            if not self.symbols.is_code(pid, site):
+                return frames
             frames.append(str(self.symbols.frame(pid, site)))
         if stack_id >= 0:
             addrs = self.kernel.stack(stack_id)
             for a in addrs[1:]:  # [0] is the syscall instruction itself
                 if a == site:
                     continue
+                if not self.symbols.is_code(pid, a):
+                    break
                 frames.append(str(self.symbols.frame(pid, a)))
         return frames
 

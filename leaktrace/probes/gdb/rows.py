@@ -35,15 +35,16 @@ from leaktrace.probes.gdb.attach import GdbRun
 
 
 def frame_string(frame: dict[str, Any]) -> str:
-    """'libfoo.so!func+0x12', or 'libfoo.so+0x1138' (offset in the file) when the symbol is unknown."""
-    lib = frame.get("library") or "?"
+    """'libfoo.so!func+0x12', or 'libfoo.so+0x1138' (offset in the file) when the symbol is unknown, or
+    '[anon]@0x7f…' for code in memory no file backs (JIT)."""
+    lib = frame.get("library") or "[anon]"
     sym = frame.get("symbol")
     if sym:
         off = frame.get("offset")
         return f"{lib}!{sym}+{off:#x}" if off else f"{lib}!{sym}"
     if frame.get("file_offset") is not None:
         return f"{lib}+{frame['file_offset']:#x}"
-    return f"{lib}!{frame.get('pc', 0):#x}"
+    return f"{lib}@{frame.get('pc', 0):#x}"
 
 
 def stack_strings(frames: list[dict[str, Any]]) -> list[str]:
