@@ -38,10 +38,18 @@ Output: JSON lines appended to config["out"], one object per line:
      "state_before"}
     {"type": "sample", "pid", "tid", "t_mono", "syscall", "nr", "addr", "length", "old_addr",
      "old_length", "result", "error", "stop_us", "frames": [{"pc", "library", "path", "symbol", "offset",
-     "file_offset", "python"?}, ...]}
+     "file_offset", "python"?}, ...], "python_stack": ["file:function:line", ...], "python_us"}
     {"type": "end", "pid", "t_mono", "reason", "stops", "samples", "paused_s", "handler_s",
      "state_after", "sigcont"}
 ``t_mono`` is CLOCK_MONOTONIC seconds (the same clock as the driver's time.monotonic()).
+
+Python frames: while the thread is stopped, its Python stack is read from the interpreter's memory
+(leaktrace/pyframes.py, loaded by path: thread state by native thread id → frame chain → code objects; the
+driver gives ``_PyRuntime``'s address and the structure offsets in config["python_frames"]), through gdb's
+own reader of the inferior's memory: no code runs in the target, no debug info of the interpreter is needed,
+and the thread is stopped anyway (``python_us``: the read's share of ``stop_us``). Without that config (not
+Python, a version it does not read), the interpreter's gdb extension names the Python frames of each
+_PyEval_EvalFrameDefault frame when its debug info was read (``python`` in the frames).
 
 Never harm the target: a pause budget (stopped time as a fraction of elapsed time, and stops per
 second) ends sampling; every end path detaches; if gdb is about to exit while still attached (the
@@ -51,6 +59,7 @@ stopped (state T, no tracer) although it was running before is sent SIGCONT.
 
 import bisect
 import collections
+import importlib.util
 import json
 import os
 import re
@@ -269,6 +278,36 @@ class PythonFrames:
         return out
 
 
+class InferiorMemory:
+    """read(addr, size) over gdb's reader of the inferior's memory (what leaktrace.pyframes reads through)."""
+
+    def __init__(self, inferior):
+        self.inferior = inferior
+
+    def read(self, addr, size):
+        try:
+            return bytes(self.inferior.read_memory(addr, size))
+        except (gdb.MemoryError, gdb.error, ValueError, OverflowError):
+            return None
+
+
+def load_python_stacks(config):
+    """(PythonStacks reader or None, status) from config["python_frames"] (see the module docstring)."""
+    if not config:
+        return None, ""
+    if config.get("error"):
+        return None, config["error"]
+    try:
+        spec = importlib.util.spec_from_file_location("leaktrace_pyframes", config["module"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        reader = module.PythonStacks(InferiorMemory(gdb.selected_inferior()), int(config["runtime"]),
+                                     config["version"], {k: int(v) for k, v in config["offsets"].items()})
+    except Exception as e:  # noqa: BLE001 - no Python frames must not stop the native sampling
+        return None, f"unavailable: loading {config.get('module')} failed: {e.__class__.__name__}: {e}"[:300]
+    return reader, f"ok: Python {config['version']} frames from memory ({config.get('source', '?')})"
+
+
 class Sampler:
     def __init__(self, config):
         self.config = config
@@ -289,6 +328,8 @@ class Sampler:
         self.symbols = {}
         self.symbols_s = 0.0
         self.python = PythonFrames()
+        self.python_stacks = None  # leaktrace.pyframes.PythonStacks once attached (begin)
+        self.python_errors = 0
         self.catchpoint = None
         self.active = False
         self.ending = None
@@ -355,7 +396,13 @@ class Sampler:
         attach_s = time.monotonic() - self.t_attach
         self.symbols_s = SYMBOLS_READ["s"]
         self.libs = LibraryRanges(self.pid)
-        self.python.load()
+        self.python_stacks, status = load_python_stacks(self.config.get("python_frames"))
+        if self.python_stacks is None:
+            self.python.load()
+            if status and not self.python.status.startswith("ok"):
+                self.python.status = status
+        else:
+            self.python.status = status
         gdb.events.stop.disconnect(self.on_attach_stop)
         gdb.events.stop.connect(self.on_stop)
         gdb.events.exited.connect(self.on_exited)
@@ -516,6 +563,7 @@ class Sampler:
             sample.update(addr=arg0, length=arg1)
         if syscall != "munmap" or self.stacks_on_munmap:
             sample["frames"] = self.backtrace(frame)
+            sample["python_stack"], sample["python_us"] = self.python_stack(thread)
         else:
             sample["frames"] = []
         sample["stop_us"] = (time.perf_counter() - t0) * 1e6
@@ -528,12 +576,26 @@ class Sampler:
         result = int(frame.read_register("rax")) & 0xFFFFFFFFFFFFFFFF
         signed = result - (1 << 64) if result >= 1 << 63 else result
         error = -signed if -4096 < signed < 0 else 0
+        frames = self.backtrace(frame, innermost_is_return=True)
+        python_stack, python_us = self.python_stack(thread)
         self.emit({"type": "sample", "pid": self.pid, "tid": thread.ptid[1], "t_mono": time.monotonic(),
                    "syscall": self.site_label, "nr": -1, "result": result, "error": error,
                    "addr": None if error else result, "length": None, "old_addr": None, "old_length": None,
-                   "site": self.site, "frames": self.backtrace(frame, innermost_is_return=True),
+                   "site": self.site, "frames": frames, "python_stack": python_stack, "python_us": python_us,
                    "stop_us": (time.perf_counter() - t0) * 1e6})
         self.samples += 1
+
+    def python_stack(self, thread):
+        """(the stopped thread's Python stack, µs its read took) from the interpreter's memory."""
+        if self.python_stacks is None:
+            return [], 0.0
+        t0 = time.perf_counter()
+        try:
+            stack = self.python_stacks.stack(thread.ptid[1])
+        except Exception:  # noqa: BLE001 - an unreadable interpreter state: no Python frames for this one
+            self.python_errors += 1
+            stack = []
+        return stack, (time.perf_counter() - t0) * 1e6
 
     def symbol_at(self, pc):
         """(symbol, offset) of a code address, cached: the same call sites repeat in every stack."""

@@ -33,7 +33,7 @@ from leaktrace.analysis.candidates import (
     ucx_settings,
     watcher_candidates,
 )
-from leaktrace.analysis.gdbjoin import gdb_samples, gdb_stack_for
+from leaktrace.analysis.gdbjoin import gdb_python_stack_for, gdb_samples, gdb_stack_for, python_stack_of
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.heldfiles import held_candidates
 from leaktrace.analysis.ledger import stack_frames
@@ -75,7 +75,8 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     out: dict[str, Any] = {
         "kind": kind, "library": c.library, "pid": c.pid, "process_label": c.label, "process_title": c.title,
         "mb_per_min": round(c.mb_per_min, 4), "outstanding_bytes": int(c.outstanding_bytes),
-        "stack": c.stack, "evidence": evidence, "remedy": remedy, "finding": finding,
+        "stack": c.stack, "python_stack": list(c.extra.get("python_stack") or []), "evidence": evidence,
+        "remedy": remedy, "finding": finding,
         "rule": rule.id if rule else None, "rule_title": rule.title if rule else None,
         "source": c.source, "cls": c.cls,
     }
@@ -219,21 +220,22 @@ def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings:
 
 
 def _gdb_stacks_through(reader: TableSource, pid: int, site: str, then: str | None = None,
-                        ledger: list[str] | None = None) -> list[list[str]]:
-    """gdb stacks of ``pid``'s successful mapping syscalls that pass through the ledger's call site and,
-    when ``then`` is given, its caller there after it; and those gdb took stopped at a frame of the ``ledger``
-    stack past the site (a breakpoint on the path that grows), under the ledger's frames below that one."""
+                        ledger: list[str] | None = None) -> list[tuple[list[str], list[str]]]:
+    """(native stack, Python stack) of ``pid``'s successful mapping syscalls, oldest first, whose gdb stack
+    passes through the ledger's call site and, when ``then`` is given, its caller there after it; and of those
+    gdb took stopped at a frame of the ``ledger`` stack past the site (a breakpoint on the path that grows),
+    under the ledger's frames below that one."""
     df = gdb_samples(reader)
     if df.empty:
         return []
-    df = df[(df["pid"] == pid) & (df["error"] == 0) & df["syscall"].isin(("mmap", "mremap"))]
+    df = df[(df["pid"] == pid) & (df["error"] == 0) & df["syscall"].isin(("mmap", "mremap"))].sort_values("t")
     out = []
-    for st in df["stack"]:
+    for st, py in zip(df["stack"], df["python_stack"], strict=True):
         frames = [str(f) for f in st] if st is not None else []
         if site in frames and (then is None or then in frames[frames.index(site) + 1:]):
-            out.append(frames)
+            out.append((frames, py))
         elif ledger and site in ledger and frames and frames[0] in ledger[ledger.index(site) + 1:]:
-            out.append(ledger[:ledger.index(frames[0])] + frames)
+            out.append((ledger[:ledger.index(frames[0])] + frames, py))
     return out
 
 
@@ -260,14 +262,18 @@ def _add_gdb_stacks(reader: TableSource, cands: list[Candidate], warnings: list[
                 if not matching:
                     continue
                 counts: dict[tuple[str, ...], int] = {}
-                for st in matching:
+                for st, _py in matching:
                     counts[tuple(st)] = counts.get(tuple(st), 0) + 1
                 frames = list(max(counts, key=lambda k: counts[k]))
+                python = python_stack_of(matching, frames)
             else:
                 frames = [str(f) for f in gdb_stack_for(reader, c.pid, c.library)]
+                python = gdb_python_stack_for(reader, c.pid, frames)
         except Exception as e:
             warnings.append(f"gdb join failed: {e.__class__.__name__}: {e}")
             return
+        if python:
+            c.extra["python_stack"] = python
         if frames:
             # gdb unwinds with DWARF: through the same call site its stack beats the frame-pointer walk,
             # whose tail past a function built without frame pointers is noise ("?@0x…").

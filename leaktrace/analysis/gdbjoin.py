@@ -44,6 +44,8 @@ def gdb_samples(reader: TableSource) -> pd.DataFrame:
     df = df.copy()
     df["frames"] = df["frames"].map(_json_list)
     df["stack"] = df["stack"].map(lambda s: code_frames(_json_list(s)))
+    py = df["python_stack"] if "python_stack" in df.columns else pd.Series([None] * len(df), index=df.index)
+    df["python_stack"] = py.map(lambda s: [str(f) for f in _json_list(s)])
     return df
 
 
@@ -129,6 +131,26 @@ def gdb_stack_for(reader: TableSource, pid: int, library: str | None) -> list[st
         if counts[stack] == best:
             return list(stack)
     return []
+
+
+def python_stack_of(stacks: list[tuple[list[str], list[str]]], native: list[str]) -> list[str]:
+    """The Python stack most often seen (the latest on a tie) among ``stacks`` ((native stack, Python
+    stack) of samples, oldest first) with the native stack ``native``; [] when none had one."""
+    pythons = [tuple(py) for st, py in stacks if list(st) == list(native) and py]
+    if not pythons:
+        return []
+    counts = Counter(pythons)
+    best = max(counts.values())
+    return list(next(py for py in reversed(pythons) if counts[py] == best))
+
+
+def gdb_python_stack_for(reader: TableSource, pid: int, native: list[str]) -> list[str]:
+    """:func:`python_stack_of` over ``pid``'s successful mmap/mremap samples."""
+    df = gdb_samples(reader)
+    if df.empty:
+        return []
+    df = df[(df["pid"] == pid) & df["syscall"].isin(MAPPING_SYSCALLS) & (df["error"] == 0)].sort_values("t")
+    return python_stack_of(list(zip(df["stack"], df["python_stack"], strict=True)), native)
 
 
 def libraries_in_order(frames: list[dict[str, Any]]) -> list[str]:

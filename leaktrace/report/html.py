@@ -20,7 +20,7 @@ from leaktrace.analysis.report_types import Report
 from leaktrace.report import flamegraph
 from leaktrace.report.flame_svg import flame_svg
 from leaktrace.report.reporter import TextReporter
-from leaktrace.report.stacks import collect_stacks
+from leaktrace.report.stacks import call_path, collect_stacks
 
 MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12
@@ -133,7 +133,8 @@ def render(report: Report, figures: Figures | None = None) -> str:
     views = flamegraph.views(report, figures)
     tpl = env.get_template("report.html.j2")
     ended = {p["pid"]: describe_exit(p.get("exit")) for p in report.get("processes", []) if p.get("exit")}
-    return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB, ended=ended,
+    call_paths = [call_path(c) for c in report.get("culprits", [])]
+    return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB, ended=ended, call_paths=call_paths,
                       flame_assets=flamegraph.assets() if views else "", flame_widget=flamegraph.widget("flamegraph", views))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.report_types import Report
 from leaktrace.report.reporter import TextReporter
+from leaktrace.report.stacks import call_path
 
 MAX_CULPRITS = 5
 MAX_STACK = 20
@@ -61,10 +62,18 @@ def render(report: Report) -> str:
             lines += [c["finding"], ""]
         for e in c.get("evidence", []):
             lines.append(f"- {e}")
+        path = call_path(c)
+        if path:
+            lines += ["", f"Call path: `{path}`"]
         if c.get("stack"):
             stack = list(c["stack"])
             more = len(stack) - MAX_STACK
-            lines += ["", "```", *stack[:MAX_STACK], *([f"... {more} more frames"] if more > 0 else []), "```"]
+            lines += ["", "```", *stack[:MAX_STACK], *([f"... {more} more frames"] if more > 0 else [])]
+            py = list(c.get("python_stack") or [])
+            if py:
+                more = len(py) - MAX_STACK
+                lines += ["Python:", *py[:MAX_STACK], *([f"... {more} more frames"] if more > 0 else [])]
+            lines.append("```")
         if c.get("remedy"):
             lines += ["", f"**Remedy:** {c['remedy']}"]
         lines.append("")

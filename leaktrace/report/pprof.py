@@ -5,7 +5,8 @@ Sample types: ``inuse_space`` (bytes still mapped at the end of the hunt), ``inu
 ``growth_space_per_minute`` (bytes a minute: a culprit's rate shared among its call stacks by their bytes;
 0 on stacks no culprit holds). One sample per (process, call stack, library, kind) of the eBPF ledger, labelled
 with pid, process, role, instance, library and kind; frames are the ledger's ``library!function+0xoff``, each
-with a Mapping naming its library file. Without the ledger, the culprits' stacks are the samples, and without
+with a Mapping naming its library file; a culprit's Python frames (``path/file.py:function:line``) sit above the
+native frames of its growing call site as functions with their file name and line. Without the ledger, the culprits' stacks are the samples, and without
 those the watcher's growth by process and memory class (as ``outstanding.folded``); the profile's comments
 say which.
 
@@ -70,6 +71,7 @@ DROP_FRAMES = (r"(libc\.so[.0-9]*|ld-linux[^!]*)!(syscall|__?mmap(64)?|__?munmap
 
 _LIBRARY = re.compile(r"^([^!\s()]+?)(?:!|\+0x[0-9a-f]+$| \(no stack\)$)")
 _SOURCE = re.compile(r"^(.*?) \((.+):(\d+)\)$")  # python!main (/path/host.py:45)
+_PYTHON = re.compile(r"^([^!]+):([^:!]+):(-?\d+)$")  # /path/host.py:main:45 (culprits[].python_stack)
 
 
 @cache
@@ -146,8 +148,14 @@ def build_profile(report: Mapping[str, Any], figures: Figures | None = None) -> 
         if frame in locations:
             return locations[frame]
         m = _SOURCE.match(frame)
-        name, path, line = (m.group(1), m.group(2), int(m.group(3))) if m else (frame, "", 0)
-        lib = library_of(name)
+        py = None if m else _PYTHON.match(frame)
+        if m:
+            name, path, line = m.group(1), m.group(2), int(m.group(3))
+        elif py:  # a Python function: its name, file and line (no library mapping)
+            name, path, line = py.group(2), py.group(1), int(py.group(3))
+        else:
+            name, path, line = frame, "", 0
+        lib = library_of(name) if not py else None
         map_id = 0
         if lib:
             if lib not in mappings:

@@ -120,7 +120,8 @@ _DECLARED = (
     Table("fault_stats", _cols("t:f writes:i sampled:i dropped:i windows:i")),
     # gdb probe: columns described in leaktrace/probes/gdb/rows.py.
     Table("gdb_samples", _cols("t:f pid:i tid:i run:i syscall:s addr:i length:i old_addr:i old_length:i "
-                               "result:i error:i stop_us:f frames:s stack:s python:b")),
+                               "result:i error:i stop_us:f frames:s stack:s python:b")
+          + _cols("python_stack:s", since=2, default="[]") + _cols("python_us:f", since=2, default=0.0)),
     Table("gdb_runs", _cols("t_start:f t_end:f pid:i run:i stops:i samples:i paused_s:f handler_s:f "
                             "attach_s:f symbols_s:f threads:i reason:s python:s state_after:s tracer_after:i "
                             "sigcont:b")),

@@ -52,6 +52,7 @@ from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes.gdb.checks import SAMPLER_SCRIPT, find_gdb, gdb_environment, proc_state, tracer_of
 from leaktrace.probes.gdb.sitecheck import restore_breakpoints
 from leaktrace.probes.gdb.symbolfiles import SYMBOLS_TIMEOUT_S, site_symbol_files, symbol_files, symbols_niced
+from leaktrace.probes.pyheap.frames import PYFRAMES_MODULE, frames_config
 from leaktrace.sched import helper_group
 
 # The only MI commands the driver sends; everything else lives in gdb_scripts/.
@@ -163,7 +164,10 @@ class GdbAttach:
         if self.state_before is None:
             raise NoSuchProcess(self.pid)
         files = symbol_files(self.pid) if self.libraries is None else site_symbol_files(self.pid, self.libraries)
-        self.config_path.write_text(json.dumps({**self.config, "symbol_files": files}))
+        # Where the interpreter's frames are (read at each stop from its memory): found now, not attached.
+        python_frames = {**frames_config(self.pid), "module": PYFRAMES_MODULE}
+        self.config_path.write_text(json.dumps({**self.config, "symbol_files": files,
+                                                "python_frames": python_frames}))
         controller_cls = _gdb_controller_class()
         self.controller = controller_cls(command=[self.gdb, "--nx", "--quiet", "--interpreter=mi3",
                                                   "-x", str(SAMPLER_SCRIPT)])

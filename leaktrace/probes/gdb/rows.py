@@ -14,7 +14,10 @@ stop out):
     frames still have one; ``symbol``/``offset`` when gdb knows them (debug info or ELF symbols);
     ``file_offset`` the pc as an offset in that file; ``python`` the Python frames run by a
     _PyEval_EvalFrameDefault frame, as [{func, file, line}]), stack (JSON list of
-    "libfoo.so!func+0x12" strings, the same frames formatted), python (bool: Python frames present).
+    "libfoo.so!func+0x12" strings, the same frames formatted), python (bool: Python frames present),
+    python_stack (JSON list of "file.py:function:line", innermost first: the thread's Python frames read
+    from the interpreter's memory while it was stopped; [] when none), python_us (µs that read took, part of
+    stop_us).
 
 ``gdb_runs`` — one row per attach:
     t_start, t_end, pid, run, stops (catchpoint stops, 2 per syscall), samples (mmap/mremap
@@ -70,7 +73,10 @@ def sample_row(rec: dict[str, Any], t: float, run: int) -> dict[str, Any]:
             "old_length": int(rec.get("old_length") or 0), "result": result,
             "error": int(rec.get("error") or 0), "stop_us": float(rec.get("stop_us") or 0.0),
             "frames": json.dumps(frames, separators=(",", ":")),
-            "stack": json.dumps(stack_strings(frames)), "python": any("python" in f for f in frames)}
+            "stack": json.dumps(stack_strings(frames)),
+            "python": bool(rec.get("python_stack")) or any("python" in f for f in frames),
+            "python_stack": json.dumps([str(f) for f in rec.get("python_stack") or []]),
+            "python_us": float(rec.get("python_us") or 0.0)}
 
 
 def run_row(run: GdbRun, index: int, t_of) -> dict[str, Any]:

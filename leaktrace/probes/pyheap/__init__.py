@@ -7,6 +7,8 @@
 - :mod:`.worker` — the walker process's entry point (``python -m leaktrace.probes.pyheap.worker``).
 - :mod:`.client` — the hunt's side of the walker process (:class:`~.client.WalkerProcess`).
 - :mod:`.probe` — :class:`~.probe.PyHeapProbe`, the hunt's probe.
+- :mod:`.frames` — where a target's Python frames are (for leaktrace.pyframes, read at the gdb sampler's
+  stops): ``_PyRuntime`` and the frame structures' offsets.
 
 Nothing is imported here: the walker process imports this package, and needs none of the probe.
 """

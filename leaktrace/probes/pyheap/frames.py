@@ -10,15 +10,14 @@ import re
 import struct
 from typing import Any
 
-from leaktrace import procfs
+from leaktrace import procfs, pyframes
 from leaktrace.elf import elf_info
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes.pyheap.interpreter import _python_image, dwarf_offsets
 from leaktrace.procmem import ProcMem, load_bias
 from leaktrace.pyframes import FRAME_EXPRS, OFFSETS, PythonStacks
 
-PYFRAMES_MODULE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               "pyframes.py")
+PYFRAMES_MODULE = os.path.abspath(pyframes.__file__)  # what the gdb sampler loads, by path
 
 
 def _version(path: str, named: str, bias: int, pid: int) -> str:
@@ -40,9 +39,13 @@ def frames_config(pid: int) -> dict[str, Any]:
     """{"runtime", "version", "offsets", "source"} of ``pid``'s interpreter, or {"error": why} ("n/a: not a
     Python process", "unavailable: …")."""
     try:
-        maps = procfs.read_maps(pid)
-    except LeaktraceError as e:
-        return {"error": f"unavailable: {e}"}
+        return _frames_config(pid)
+    except (LeaktraceError, OSError, ValueError, KeyError) as e:
+        return {"error": f"unavailable: {e.__class__.__name__}: {e}"}
+
+
+def _frames_config(pid: int) -> dict[str, Any]:
+    maps = procfs.read_maps(pid)
     img = _python_image(maps)
     if img is None:
         return {"error": "n/a: not a Python process"}
@@ -50,10 +53,7 @@ def frames_config(pid: int) -> dict[str, Any]:
     bias = load_bias(maps, path)
     if bias is None:
         return {"error": f"unavailable: {path} not placed in the maps"}
-    try:
-        version = _version(path, named, bias, pid)
-    except LeaktraceError as e:
-        return {"error": f"unavailable: {e}"}
+    version = _version(path, named, bias, pid)
     exprs = FRAME_EXPRS.get(version)
     if exprs is None:
         return {"error": f"unavailable: Python {version} (frames are read for 3.11-3.13)"}
