@@ -6,12 +6,14 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from pathlib import Path
 
 import pytest
 from conftest import is_root, run_cli
 from test_report import OUTPUTS, assert_renders
 
 from leaktrace.demo import LIBRARY
+from leaktrace.demo import host as demo_host
 from leaktrace.report.pprof import messages
 
 RATE = 120.0  # MiB/min, the workload's known leak rate
@@ -48,6 +50,14 @@ def test_demo_names_the_library_first(demo_run):
     assert top["first_named_s"] is not None and top["first_named_s"] <= NAMED_WITHIN_S
     assert any("xfer_send" in f for f in top["stack"]), top["stack"]
     assert "XFER_MAX_UNRELEASED" in top["remedy"]
+    # gdb stopped at the growing call site: the host's Python line that called into the library, then the
+    # native path through libffi (the call path of report.md)
+    host = Path(demo_host.__file__)
+    line = next(i for i, t in enumerate(host.read_text().splitlines(), 1) if "lib.xfer_send(payload" in t)
+    assert top["python_stack"] and top["python_stack"][0].endswith(f"leaktrace/demo/host.py:main:{line}"), \
+        top["python_stack"]
+    assert f"Call path: `host.py:main:{line} → libffi" in (out / "report.md").read_text()
+    assert top["python_stack"][0] in (out / "outstanding.folded").read_text()
     # the innocent path (map + unmap at once) is not blamed: one culprit for the library
     assert [c["library"] for c in rep["culprits"]].count(LIBRARY) == 1
     assert f"top culprit: {LIBRARY}" in r.stdout
