@@ -179,10 +179,28 @@ def test_pause_budget_ends_sampling_and_detaches(spawn, gdb_target_bin):
     assert_running_untraced(target.pid)
 
 
-def test_python_frames_or_a_reason(spawn):
-    script = "import mmap, sys, time\nkeep = []\ndef grow_python_side():\n    keep.append(mmap.mmap(-1, 1 << 16))\n" \
-             "print('ready', flush=True)\nwhile True:\n    grow_python_side(); time.sleep(0.01)\n"
-    target = spawn([sys.executable, "-c", script])
+PY_TARGET = "import mmap, sys, time\nkeep = []\ndef grow_python_side():\n    keep.append(mmap.mmap(-1, 1 << 16))\n" \
+            "print('ready', flush=True)\nwhile True:\n    grow_python_side(); time.sleep(0.01)\n"
+
+
+def test_python_frames_from_the_interpreters_memory(spawn):
+    """At each stop the stopped thread's Python stack, read from the interpreter's memory (no debug info or gdb
+    extension needed): the function whose line mapped, then its caller."""
+    target = spawn([sys.executable, "-c", PY_TARGET])
+    run = sample_process(target.pid, max_samples=3, max_seconds=20, budget=PauseBudget(pause_fraction=0.1))
+    assert run.reason == "samples", run.reason
+    assert run.python.startswith("ok: Python 3."), run.python
+    for s in run.sample_records:
+        if s["syscall"] == "mmap":
+            assert s["python_stack"][:2] == ["<string>:grow_python_side:4", "<string>:<module>:7"], s["python_stack"]
+    assert proc_state(target.pid) not in (None, "T", "t") and tracer_of(target.pid) == 0
+
+
+def test_without_the_memory_reader_python_frames_or_a_reason(spawn, monkeypatch):
+    from leaktrace.probes.gdb import attach
+
+    monkeypatch.setattr(attach, "frames_config", lambda pid: {"error": "unavailable: turned off by the test"})
+    target = spawn([sys.executable, "-c", PY_TARGET])
     # The first stop through a new code path expands debug info (~15 ms, more on a loaded machine):
     # a roomier budget keeps this test about frames, not about the budget.
     run = sample_process(target.pid, max_samples=3, max_seconds=20, budget=PauseBudget(pause_fraction=0.1))
@@ -196,6 +214,7 @@ def test_python_frames_or_a_reason(spawn):
         assert any(p.get("func") == "grow_python_side" for p in pyframes), pyframes[:5]
     else:
         assert run.python.startswith("unavailable: "), run.python
+    assert all(s.get("python_stack", []) == [] for s in run.sample_records)
     assert proc_state(target.pid) not in (None, "T", "t") and tracer_of(target.pid) == 0
 
 
