@@ -591,7 +591,10 @@ class Sampler:
             return [], 0.0
         t0 = time.perf_counter()
         try:
-            stack = self.python_stacks.stack(thread.ptid[1])
+            # CPython 3.10 matches its thread states on pthread_t: the thread's fs base
+            ident = 0 if "ts_native_tid" in self.python_stacks.o else \
+                int(gdb.newest_frame().read_register("fs_base")) & 0xFFFFFFFFFFFFFFFF
+            stack = self.python_stacks.stack(thread.ptid[1], ident)
         except Exception:  # noqa: BLE001 - an unreadable interpreter state: no Python frames for this one
             self.python_errors += 1
             stack = []

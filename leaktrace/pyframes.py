@@ -3,7 +3,8 @@
 thread state (matched on the thread's native id, from ``_PyRuntime``'s interpreters) → its current
 interpreter frame → the chain of ``previous`` frames → each frame's code object: file name, function name
 and line (the code's location table at the frame's last instruction). CPython 3.11, 3.12 and 3.13 (the
-``_PyInterpreterFrame`` layout; 3.10 and older keep ``PyFrameObject`` chains and another line table).
+``_PyInterpreterFrame`` layout), and 3.10 (``PyFrameObject`` chains, PEP 626's line table; its thread states are
+matched on the thread's pthread_t, which the caller gives: gdb reads it as the stopped thread's fs base).
 
 Memory comes through any object with ``read(addr, size) -> bytes | None``: :class:`leaktrace.procmem.ProcMem`
 in leaktrace's own process, gdb's reader of its inferior inside the gdb sampler (gdb_scripts/sampler.py loads
@@ -20,8 +21,12 @@ from __future__ import annotations
 import struct
 from typing import Any, Protocol
 
-# Offsets in bytes, x86-64, from the DWARF of pyenv's CPython 3.11.7, 3.12.1 and 3.13.0 (FRAME_EXPRS).
+# Offsets in bytes, x86-64, from the DWARF of pyenv's CPython 3.10.13, 3.11.7, 3.12.1 and 3.13.0 (FRAME_EXPRS).
 OFFSETS: dict[str, dict[str, int]] = {
+    "3.10": {"interp_main": 40, "interp_head": 32, "interp_next": 0, "threads_head": 8, "ts_next": 8,
+             "ts_thread_id": 176, "ts_frame": 24, "f_back": 24, "f_code": 32, "f_lasti": 96, "co_filename": 104,
+             "co_name": 112, "co_firstlineno": 40, "co_linetable": 120, "ascii_size": 48, "compact_size": 72,
+             "bytes_sval": 32},
     "3.11": {"interp_main": 48, "interp_head": 40, "interp_next": 0, "threads_head": 16, "ts_next": 8,
              "ts_native_tid": 160, "ts_cframe": 56, "cframe_current": 8, "if_code": 32, "if_previous": 48,
              "if_instr": 56, "if_owner": 69, "co_filename": 112, "co_name": 120, "co_qualname": 128,
@@ -68,6 +73,16 @@ FRAME_EXPRS: dict[str, dict[str, str]] = {
              "if_instr": "&((_PyInterpreterFrame*)0)->instr_ptr"},
 }
 FRAME_EXPRS["3.12"] = FRAME_EXPRS["3.11"]
+# 3.10: PyFrameObject chains (f_back), the instruction index in f_lasti, the line table of PEP 626 (pairs of
+# bytecode and line deltas); its thread states know their pthread_t (the thread's fs base), not the thread id.
+FRAME_EXPRS["3.10"] = {
+    **{k: _COMMON_EXPRS[k] for k in ("interp_main", "interp_head", "interp_next", "ts_next", "co_filename",
+                                      "co_name", "co_firstlineno", "co_linetable", "ascii_size", "compact_size",
+                                      "bytes_sval")},
+    "threads_head": "&((PyInterpreterState*)0)->tstate_head", "ts_thread_id": "&((PyThreadState*)0)->thread_id",
+    "ts_frame": "&((PyThreadState*)0)->frame", "f_back": "&((PyFrameObject*)0)->f_back",
+    "f_code": "&((PyFrameObject*)0)->f_code", "f_lasti": "&((PyFrameObject*)0)->f_lasti",
+}
 FRAME_OWNED_BY_CSTACK = 3  # 3.12+: a shim frame the C stack owns (an entry into the interpreter), no Python code
 MAX_THREADS = 100_000  # a thread-state list longer than this is not one (a torn read)
 MAX_STRING = 4096
@@ -134,6 +149,26 @@ def line_at(linetable: bytes, firstlineno: int, lasti: int) -> int | None:
     return None
 
 
+def line_at_310(linetable: bytes, firstlineno: int, lasti: int) -> int | None:
+    """The line of instruction ``lasti`` in a 3.10 line table (Objects/lnotab_notes.txt: pairs of an
+    unsigned bytecode delta and a signed line delta, -128 for no line)."""
+    if lasti < 0:
+        return firstlineno
+    addr = lasti * 2
+    line = firstlineno
+    end = 0
+    for i in range(0, len(linetable) - 1, 2):
+        start = end
+        end += linetable[i]
+        ldelta = linetable[i + 1] - 256 if linetable[i + 1] > 127 else linetable[i + 1]
+        this = None if ldelta == -128 else line + ldelta
+        if this is not None:
+            line = this
+        if start <= addr < end:
+            return this
+    return None
+
+
 class PythonStacks:
     """Python stacks of the threads of one process: ``stack(tid)`` → ["file:function:line", …] innermost
     first. Code objects' names and line tables are cached (checked against the object at every read: a code
@@ -151,7 +186,7 @@ class PythonStacks:
         self._pages: dict[int, bytes] = {}
         fields = [self.o[k] for k in ("co_filename", "co_name", "co_firstlineno", "co_linetable")]
         self._key_lo, self._code_span = min(fields), max(fields) + 8
-        self._frame_span = max(self.o["if_code"], self.o["if_previous"], self.o["if_instr"], self.o["if_owner"]) + 8
+        self._frame_span = max(self.o.get(k, 0) for k in ("if_code", "if_previous", "if_instr", "if_owner")) + 8
 
     def _read(self, addr: int, size: int) -> bytes | None:
         """``size`` bytes at ``addr`` through a cache of whole pages kept for one :meth:`stack`: a read costs
@@ -175,10 +210,14 @@ class PythonStacks:
         b = self._read(addr, 8)
         return struct.unpack("<Q", b)[0] if b and len(b) == 8 else 0
 
-    def thread_state(self, tid: int) -> int:
-        """The PyThreadState of native thread ``tid`` (0: none: a thread the interpreter does not know)."""
+    def thread_state(self, tid: int, ident: int = 0) -> int:
+        """The PyThreadState of native thread ``tid`` (0: none: a thread the interpreter does not know). 3.10
+        keeps no thread id: there ``ident``, the thread's pthread_t (its fs base), is matched instead."""
+        field, want = ("ts_native_tid", tid) if "ts_native_tid" in self.o else ("ts_thread_id", ident)
+        if not want:
+            return 0
         cached = self.tstates.get(tid)
-        if cached and self._ptr(cached + self.o["ts_native_tid"]) == tid:
+        if cached and self._ptr(cached + self.o[field]) == want:
             return cached
         interp = self._ptr(self.runtime + self.o["interp_head"]) or self._ptr(self.runtime + self.o["interp_main"])
         seen = 0
@@ -186,7 +225,7 @@ class PythonStacks:
             ts = self._ptr(interp + self.o["threads_head"])
             while ts and seen < MAX_THREADS:
                 seen += 1
-                if self._ptr(ts + self.o["ts_native_tid"]) == tid:
+                if self._ptr(ts + self.o[field]) == want:
                     self.tstates[tid] = ts
                     return ts
                 ts = self._ptr(ts + self.o["ts_next"])
@@ -194,18 +233,46 @@ class PythonStacks:
         return 0
 
     def current_frame(self, ts: int) -> int:
+        if "ts_frame" in self.o:
+            return self._ptr(ts + self.o["ts_frame"])
         if "ts_current_frame" in self.o:
             return self._ptr(ts + self.o["ts_current_frame"])
         cframe = self._ptr(ts + self.o["ts_cframe"])
         return self._ptr(cframe + self.o["cframe_current"]) if cframe else 0
 
-    def stack(self, tid: int) -> list[str]:
+    def stack(self, tid: int, ident: int = 0) -> list[str]:
+        """Thread ``tid``'s Python stack (``ident``: its pthread_t, needed for 3.10 only)."""
         self._pages = {}  # what other threads change between two stacks is read anew
         try:
-            ts = self.thread_state(tid)
-            return self.frames(self.current_frame(ts)) if ts else []
+            ts = self.thread_state(tid, ident)
+            if not ts:
+                return []
+            frame = self.current_frame(ts)
+            return self.frames_310(frame) if "ts_frame" in self.o else self.frames(frame)
         finally:
             self._pages = {}
+
+    def frames_310(self, frame: int) -> list[str]:
+        out: list[str] = []
+        o = self.o
+        seen: set[int] = set()
+        while frame and frame not in seen and len(out) < self.max_frames:
+            seen.add(frame)
+            code = self._ptr(frame + o["f_code"])
+            raw = self._read(frame + o["f_lasti"], 4)
+            frame = self._ptr(frame + o["f_back"])
+            info = self.code(code)
+            if info is None or raw is None:
+                break
+            lasti = struct.unpack("<i", raw)[0]
+            text = info[5].get(lasti)
+            if text is None:
+                line = line_at_310(info[4], info[3], lasti)
+                text = f"{info[1]}:{info[2]}:{line if line is not None else info[3]}"
+                if len(info[5]) < 4096:
+                    info[5][lasti] = text
+            out.append(text)
+        return out
 
     def frames(self, frame: int) -> list[str]:
         out: list[str] = []

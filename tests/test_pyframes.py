@@ -21,10 +21,10 @@ TARGET = REPO / "tests" / "fixtures" / "py_frames_target.py"
 
 
 def _interpreters() -> list[str]:
-    """The venv's interpreter and every other CPython 3.11+ found (PATH, pyenv), one per version."""
+    """The venv's interpreter and every other CPython 3.10+ found (PATH, pyenv), one per version."""
     found = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
-    candidates = [shutil.which(f"python3.{m}") for m in range(11, 14)]
-    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[1-9]*/bin/python3.1[1-9]")))
+    candidates = [shutil.which(f"python3.{m}") for m in range(10, 14)]
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[0-9]*/bin/python3.1[0-9]")))
     for c in candidates:
         if not c or not os.access(c, os.X_OK):
             continue
@@ -65,18 +65,18 @@ def test_stacks_read_from_memory_are_the_interpreters_own(python, spawn):
     """Each thread's stack read from outside (no code run in the target, not stopped) is the one the thread
     printed of itself on the line where it blocks; the same with the built-in offsets instead of DWARF."""
     p = spawn([python, TARGET], ready=None)
-    said = {}
+    said, idents = {}, {}
     for _ in range(2):
         rec = json.loads(p.popen.stdout.readline())
-        said[rec["tid"]] = rec["stack"]
+        said[rec["tid"]], idents[rec["tid"]] = rec["stack"], rec["ident"]
     config = frames_config(p.pid)
     assert "error" not in config, config
     assert config["offsets"] == OFFSETS[config["version"]] or not config["source"].startswith("DWARF"), config
-    got = read_stacks(p.pid, list(said), config)
+    got = read_stacks(p.pid, list(said), config, idents)
     assert got == said
     line = next(i for i, t in enumerate(TARGET.read_text().splitlines(), 1) if "the stack said" in t)
     assert got[p.pid][0] == f"{TARGET}:send_batch:{line}" and len(got[p.pid]) == 5
-    builtin = read_stacks(p.pid, list(said), {**config, "offsets": OFFSETS[config["version"]]})
+    builtin = read_stacks(p.pid, list(said), {**config, "offsets": OFFSETS[config["version"]]}, idents)
     assert builtin == said
 
 

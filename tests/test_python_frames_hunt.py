@@ -1,5 +1,5 @@
-"""The Python line behind native growth, on real hunts: a Python host (the venv's CPython 3.11 and a 3.12 when
-one is installed) leaking through a stripped library it calls with ctypes. The culprit names the library and
+"""The Python line behind native growth, on real hunts: a Python host (the venv's CPython 3.11, and a 3.10 and
+a 3.12 when installed) leaking through a stripped library it calls with ctypes. The culprit names the library and
 carries the host's Python frames at the growing call site (gdb stopped there, the frames read from the
 interpreter's memory), innermost first; report.md's call path, outstanding.folded and the pprof profile put
 them above the native frames; no stack holds a frame that is not a code address."""
@@ -10,6 +10,7 @@ import gzip
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 from conftest import LEAKTRACE, REPO, Proc, is_root
@@ -26,9 +27,8 @@ INVENTED = re.compile(r"(^|;)\?[!@]0x|\[(stack|heap)")
 
 
 def _pythons() -> list[str]:
-    """The venv's interpreter and a 3.12, where one is installed."""
-    found = _interpreters()
-    return [p for p in found if p == found[0] or "3.12" in p] if found else []
+    """The venv's interpreter, and a 3.10 (thread states matched on pthread_t) and a 3.12 where installed."""
+    return [p for p in _interpreters() if p == sys.executable or "3.10" in p or "3.12" in p]
 
 
 def _line(marker: str) -> int:

@@ -56,7 +56,7 @@ def _frames_config(pid: int) -> dict[str, Any]:
     version = _version(path, named, bias, pid)
     exprs = FRAME_EXPRS.get(version)
     if exprs is None:
-        return {"error": f"unavailable: Python {version} (frames are read for 3.11-3.13)"}
+        return {"error": f"unavailable: Python {version} (frames are read for 3.10-3.13)"}
     offsets = dwarf_offsets(path, os.stat(path).st_mtime_ns, tuple(exprs.items()))
     source = f"DWARF of {os.path.basename(path)}"
     if offsets is None:
@@ -65,9 +65,11 @@ def _frames_config(pid: int) -> dict[str, Any]:
     return {"runtime": runtime, "version": version, "offsets": offsets, "source": source}
 
 
-def read_stacks(pid: int, tids: list[int] | None = None, config: dict[str, Any] | None = None) -> dict[int, list[str]]:
+def read_stacks(pid: int, tids: list[int] | None = None, config: dict[str, Any] | None = None,
+                idents: dict[int, int] | None = None) -> dict[int, list[str]]:
     """{tid: Python stack} of ``pid``'s threads (all of them by default) read now, the process running: a
-    frame popped under the walk ends that thread's stack early (the gdb sampler reads them stopped)."""
+    frame popped under the walk ends that thread's stack early (the gdb sampler reads them stopped).
+    ``idents``: {tid: pthread_t}, which CPython 3.10's thread states are matched on."""
     config = config or frames_config(pid)
     if "error" in config:
         return {}
@@ -75,4 +77,4 @@ def read_stacks(pid: int, tids: list[int] | None = None, config: dict[str, Any] 
         tids = [int(t) for t in os.listdir(f"{procfs.PROC}/{pid}/task") if re.fullmatch(r"\d+", t)]
     with ProcMem(pid) as mem:
         stacks = PythonStacks(mem, config["runtime"], config["version"], config["offsets"])
-        return {tid: stacks.stack(tid) for tid in tids}
+        return {tid: stacks.stack(tid, (idents or {}).get(tid, 0)) for tid in tids}
