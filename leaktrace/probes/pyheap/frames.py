@@ -11,9 +11,10 @@ import struct
 from typing import Any
 
 from leaktrace import procfs, pyframes
+from leaktrace.dwarf import dwarf_offsets
 from leaktrace.elf import elf_info
 from leaktrace.errors import LeaktraceError
-from leaktrace.probes.pyheap.interpreter import _python_image, dwarf_offsets
+from leaktrace.probes.pyheap.interpreter import _python_image
 from leaktrace.procmem import ProcMem, load_bias
 from leaktrace.pyframes import FRAME_EXPRS, OFFSETS, PythonStacks
 
