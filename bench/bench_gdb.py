@@ -27,7 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from fixtures.gdb_target import build_gdb_target  # noqa: E402
 
-from leaktrace.probes.gdb.attach import PauseBudget, sample_process  # noqa: E402
+from leaktrace.probes.gdb.attach import sample_process  # noqa: E402
+from leaktrace.probes.gdb.budget import PauseBudget  # noqa: E402
 from leaktrace.probes.gdb.checks import SCRIPTS_DIR, find_gdb  # noqa: E402
 
 NO_BUDGET = PauseBudget(pause_fraction=1.0, floor_s=1e6, max_stops_per_s=1e9)

@@ -26,7 +26,8 @@ from fixtures.build import build  # noqa: E402
 from fixtures.gdb_target import LEAK_LIB  # noqa: E402
 
 from leaktrace.probes.gdb import attach as gdb_attach  # noqa: E402
-from leaktrace.probes.gdb.attach import PauseBudget, sample_process  # noqa: E402
+from leaktrace.probes.gdb.attach import sample_process  # noqa: E402
+from leaktrace.probes.gdb.budget import PauseBudget  # noqa: E402
 
 NO_BUDGET = PauseBudget(pause_fraction=1.0, floor_s=1e6, max_stops_per_s=1e9)
 TARGET = r"""

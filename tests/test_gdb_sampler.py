@@ -18,7 +18,8 @@ from fixtures.gdb_target import HOOK_LIB, LEAK_LIB, build_gdb_target
 
 from leaktrace import procfs
 from leaktrace.analysis.gdbjoin import gdb_stack_for, join_regions, libraries_in_order
-from leaktrace.probes.gdb.attach import PauseBudget, sample_process
+from leaktrace.probes.gdb.attach import sample_process
+from leaktrace.probes.gdb.budget import PauseBudget
 from leaktrace.probes.gdb.checks import proc_state, tracer_of
 from leaktrace.session import SessionReader
 

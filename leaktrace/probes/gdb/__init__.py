@@ -2,6 +2,7 @@
 
 - :mod:`.checks` — ``leaktrace doctor``'s gdb checks and the preflight that stops a hunt gdb cannot sample.
 - :mod:`.attach` — one gdb over MI running gdb_scripts/sampler.py on one process (:func:`sample_process`).
+- :mod:`.budget` — what a run may cost the target (:class:`PauseBudget`) and what it cost (:class:`GdbRun`).
 - :mod:`.rows` — the ``gdb_samples`` and ``gdb_runs`` session tables, decoded from the sampler's records.
 - :mod:`.probe` — :class:`GdbProbe`, the hunt's probe.
 
@@ -10,7 +11,8 @@ The in-gdb program itself stays in gdb_scripts/ (found through leaktrace/resourc
 
 from __future__ import annotations
 
-from leaktrace.probes.gdb.attach import GdbAttach, GdbRun, PauseBudget, sample_process
+from leaktrace.probes.gdb.attach import GdbAttach, sample_process
+from leaktrace.probes.gdb.budget import GdbRun, PauseBudget
 from leaktrace.probes.gdb.checks import (
     SAMPLER_SCRIPT,
     SCRIPTS_DIR,

@@ -12,7 +12,8 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import GdbUnavailable, LeaktraceError, NoSuchProcess
 from leaktrace.probes import HuntOptions, ProbeBase
-from leaktrace.probes.gdb.attach import GdbRun, PauseBudget, sample_process
+from leaktrace.probes.gdb.attach import sample_process
+from leaktrace.probes.gdb.budget import GdbRun, PauseBudget
 from leaktrace.probes.gdb.checks import preflight
 from leaktrace.probes.gdb.rows import run_row, sample_row
 from leaktrace.probes.gdb.symbolfiles import symbol_files

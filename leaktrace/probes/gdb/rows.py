@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from leaktrace.probes.gdb.attach import GdbRun
+from leaktrace.probes.gdb.budget import GdbRun
 
 
 def frame_string(frame: dict[str, Any]) -> str:
