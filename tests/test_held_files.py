@@ -59,7 +59,7 @@ def test_held_kind_reads_the_links_proc_shows():
 def _hunt(spawn, keeper_bin: Path, tmp_path: Path, mode: str) -> tuple[dict, int, HeldLog, SessionReader]:
     target = spawn([keeper_bin, mode, CHUNK, PERIOD_MS])
     log = HeldLog(target)
-    r = run_cli("hunt", "--pid", target.pid, "--duration", 30, "--format", "json", "--out", tmp_path / mode)
+    r = run_cli("hunt", "--pid", target.pid, "--duration", 24, "--format", "json", "--out", tmp_path / mode)
     assert r.returncode == 0, r.stderr
     return json.loads((tmp_path / mode / "report.json").read_text()), target.pid, log, SessionReader(tmp_path / mode)
 

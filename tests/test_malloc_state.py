@@ -67,7 +67,7 @@ class Mallinfo:
 
 def _hunt(tmp_path: Path, name: str, *pids: int) -> dict:
     args = [a for p in pids for a in ("--pid", p)]
-    r = run_cli("hunt", *args, "--duration", 40, "--format", "json", "--out", tmp_path / name)
+    r = run_cli("hunt", *args, "--duration", 32, "--format", "json", "--out", tmp_path / name)
     assert r.returncode == 0, r.stderr
     return json.loads((tmp_path / name / "report.json").read_text())
 
