@@ -1,5 +1,7 @@
-"""`python -m bench [NAME ...]`: runs the main() of every bench/bench_*.py module (or only those whose
-name contains one of NAME, e.g. `python -m bench gdb`), each with its default arguments, in name order."""
+"""`python -m bench [NAME ...] [--FLAG ...]`: runs the main() of every bench/bench_*.py module (or only those
+whose name contains one of NAME, e.g. `python -m bench gdb`), in name order. Arguments starting with `-`
+are passed to each bench it runs (e.g. `python -m bench verdicts --json`); then the `=== name` lines go to
+stderr, so a bench's last line on stdout stays its own (a JSON object, with --json)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ BENCH = Path(__file__).resolve().parent
 
 
 def main() -> None:
-    wanted = sys.argv[1:]
+    flags = [a for a in sys.argv[1:] if a.startswith("-")]
+    wanted = [a for a in sys.argv[1:] if not a.startswith("-")]
+    banner = sys.stderr if flags else sys.stdout
     for path in sorted(BENCH.glob("bench_*.py")):
         name = path.stem
         if wanted and not any(w in name for w in wanted):
@@ -22,14 +26,14 @@ def main() -> None:
         spec.loader.exec_module(module)
         if not hasattr(module, "main"):
             continue
-        print(f"=== {name}", flush=True)
+        print(f"=== {name}", file=banner, flush=True)
         t0 = time.monotonic()
-        saved, sys.argv = sys.argv, [str(path)]  # each benchmark parses its own (default) arguments
+        saved, sys.argv = sys.argv, [str(path), *flags]  # each benchmark parses its own arguments
         try:
             module.main()
         finally:
             sys.argv = saved
-        print(f"=== {name} done in {time.monotonic() - t0:.1f} s", flush=True)
+        print(f"=== {name} done in {time.monotonic() - t0:.1f} s", file=banner, flush=True)
 
 
 if __name__ == "__main__":

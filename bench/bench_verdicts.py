@@ -1,0 +1,107 @@
+"""The verdict measured on the labelled corpus (bench/verdict_corpus, issue 42): every window of the frozen
+(held-out) and the tuning split replayed through the analysis; false alarms on clean and bounded windows,
+detection by leak-rate band, library right, rate error, each with its 95% interval; the reliability of the
+confidence; and a day of clean serving replayed through watch's judging.
+
+`python -m bench verdicts [--json]`: with --json the last line is the contract's JSON object
+(DESIGN.md "Verdict corpus")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file by `python -m bench`: the repository root holds bench/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.verdict_corpus import score  # noqa: E402
+from bench.verdict_corpus.windows import Split, replay_all  # noqa: E402
+
+
+def _pct(x: float) -> str:
+    return "  n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:5.1f}%"
+
+
+def _ci(c: tuple[float, float]) -> str:
+    return f"[{_pct(c[0]).strip()}, {_pct(c[1]).strip()}]"
+
+
+def table(name: str, figs: dict[str, dict[str, Any]], bands: dict[str, list[dict[str, Any]]]) -> str:
+    lines = [f"## {name}", "",
+             "| window | windows | false alarms (clean+bounded) | detected (>= 2 MB/min) | library right "
+             "| rate error median | rate error p90 |",
+             "|---|---|---|---|---|---|---|"]
+    for n, f in figs.items():
+        v, ci, c = f["figures"], f["ci"], f["counts"]
+        lines.append(f"| {n} s | {v['windows']} | {_pct(v['false_alarm_rate'])} ({c['false_alarms']}/{c['quiet']}) "
+                     f"{_ci(ci['false_alarm_rate'])} | {_pct(v['detection_rate'])} ({c['detected']}/{c['leaks']}) "
+                     f"{_ci(ci['detection_rate'])} | {_pct(v['library_right_rate'])} {_ci(ci['library_right_rate'])} "
+                     f"| {_pct(v['rate_error_median'])} {_ci(ci['rate_error_median'])} "
+                     f"| {_pct(v['rate_error_p90'])} {_ci(ci['rate_error_p90'])} |")
+    lines += ["", "Detection by leak-rate band (MB/min, the window's truth):", "",
+              "| window | " + " | ".join(b["band"] for b in next(iter(bands.values()))) + " |",
+              "|---|" + "---|" * len(next(iter(bands.values())))]
+    for n, rows in bands.items():
+        lines.append(f"| {n} s | " + " | ".join(f"{_pct(b['rate'])} ({b['detected']}/{b['windows']}) {_ci(b['ci'])}"
+                                             for b in rows) + " |")
+    return "\n".join(lines)
+
+
+def measure() -> tuple[dict[str, Any], str]:
+    t0 = time.monotonic()
+    df = replay_all()
+    replay_s = time.monotonic() - t0
+    out: dict[str, Any] = {}
+    text = []
+    for split in ("frozen", "tuning"):
+        mine = df[df["split"] == split]
+        if mine.empty:
+            continue
+        figs = score.split_figures(mine)
+        bands = {str(n): score.by_band(mine[mine["length"] == n]) for n in figs}
+        out[split] = {n: f["figures"] for n, f in figs.items()}
+        text.append(table(f"{split} split ({len(mine)} windows)", figs, bands))
+    frozen = df[df["split"] == "frozen"]
+    out["calibration"] = score.calibration(frozen)
+    text.append("## Reliability (frozen split): of the windows called a leak, by confidence\n\n"
+                "| confidence | windows | leaks among them |\n|---|---|---|\n"
+                + "\n".join(f"| {c['confidence_from']:.2f}-{c['confidence_to']:.2f} | {c['windows']} "
+                            f"| {_pct(c['leak_share'])} |" for c in out["calibration"]))
+    day = score.watch_day(Split("frozen"))
+    out["watch_day"] = {k: day[k] for k in ("hours", "false_incidents", "confirm_s_median")}
+    text.append(f"## watch, defaults (frozen split)\n\nclean serving strung to {day['hours']:.1f} h: "
+                f"{day['false_incidents']} false incident(s); leaks >= 10 MB/min confirmed after "
+                f"{day['confirm_s']} s (median {day['confirm_s_median']:.0f} s; not confirmed: "
+                f"{day['leaks_not_confirmed']})")
+    text.append(f"replayed {len(df)} windows in {replay_s:.1f} s")
+    return out, "\n\n".join(text)
+
+
+def _finite(x: Any) -> Any:
+    """NaN (no window to measure) as null: JSON has no NaN."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", action="store_true", help="end with the contract's JSON object")
+    a = ap.parse_args()
+    out, text = measure()
+    print(text, flush=True)
+    if a.json:
+        print(json.dumps(_finite(out), sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
