@@ -115,6 +115,16 @@ def _slope(t: np.ndarray, y: np.ndarray) -> float:
     return float(np.polyfit(t, y, 1)[0])
 
 
+TRUTH_GAP_S = 3.0  # truth lines come every second: a longer gap is a lapse of the bookkeeping
+
+
+def _covered(t: np.ndarray, a: float, b: float) -> bool:
+    """Whether the truth log covers [a, b]: lines near both ends and no gap longer than TRUTH_GAP_S."""
+    if len(t) < 2:
+        return False
+    return bool(t[0] - a <= TRUTH_GAP_S and b - t[-1] <= TRUTH_GAP_S and np.diff(t).max() <= TRUTH_GAP_S)
+
+
 def noise_label(spec: dict[str, Any]) -> str:
     if spec["noise"] == "pyheap":
         return "bounded" if float(spec["args"].get("freeze_at", -1)) >= 0 else "clean"
@@ -137,6 +147,8 @@ def cut(split: Split, lengths: tuple[int, ...] = LENGTHS) -> Iterator[Window]:
                 a = float(a)
                 b = a + length
                 inside = tr[(tr["t"] >= a) & (tr["t"] <= b)]
+                if not _covered(inside["t"].to_numpy(float), a, b):
+                    continue  # the generator's bookkeeping lapsed (a stalled loop): no label, no window
                 before = tr[tr["t"] <= a]
                 start = float(before["leaked"].iloc[-1]) if not before.empty else 0.0
                 grew = not inside.empty and float(inside["leaked"].max()) > start
