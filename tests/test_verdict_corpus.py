@@ -1,0 +1,76 @@
+"""The verdict on the frozen (held-out) split of the labelled corpus (bench/verdict_corpus, issue 42).
+
+The split's content is pinned by its hash: a re-recording or an edit shows in review as a change of
+FROZEN_SHA256. Its windows are replayed through the analysis offline, and each figure must be at least as
+good as the one docs/verdicts.md states (its `frozen-bounds` block: the figures measured when the rules last
+changed). A rule change that improves a figure should lower the bound in docs/verdicts.md with it."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.verdict_corpus import score  # noqa: E402
+from bench.verdict_corpus.windows import Split, content_hash, cut, replay  # noqa: E402
+
+FROZEN_SHA256 = "bee4181130b5ec41d9488755a44cb11d5d4d8f2cea2d28666dcc86f338cef61f"
+DOC = ROOT / "docs" / "verdicts.md"
+EPS = 1e-4  # the docs state figures to 4 decimals
+
+
+def _bounds() -> dict:
+    m = re.search(r"<!-- frozen-bounds -->\s*```json\n(.*?)```", DOC.read_text(), re.S)
+    assert m, f"{DOC} has no frozen-bounds block"
+    return json.loads(m.group(1))
+
+
+def test_frozen_split_is_pinned():
+    assert content_hash("frozen") == FROZEN_SHA256
+
+
+@pytest.fixture(scope="module")
+def frozen():
+    import pandas as pd
+
+    split = Split("frozen")
+    return split, pd.DataFrame([replay(split, w) for w in cut(split)])
+
+
+def test_frozen_windows_enough(frozen):
+    _, df = frozen
+    assert len(df) >= 250
+    assert set(df["label"]) == {"clean", "bounded", "leak"}
+
+
+def test_frozen_figures_do_not_regress(frozen):
+    _, df = frozen
+    bounds = _bounds()
+    figs = score.split_figures(df)
+    worse = []
+    for n, want in bounds["windows"].items():
+        got = figs[n]["figures"]
+        assert got["windows"] == want["windows"], f"{n} s: {got['windows']} windows, the docs state {want['windows']}"
+        for k in ("false_alarm_rate", "rate_error_median", "rate_error_p90"):
+            if got[k] > want[k] + EPS:
+                worse.append(f"{n} s {k}: {got[k]:.4f} > {want[k]:.4f}")
+        for k in ("detection_rate", "library_right_rate"):
+            if got[k] < want[k] - EPS:
+                worse.append(f"{n} s {k}: {got[k]:.4f} < {want[k]:.4f}")
+    assert not worse, "; ".join(worse)
+
+
+def test_watch_day_does_not_regress(frozen):
+    split, _ = frozen
+    want = _bounds()["watch_day"]
+    day = score.watch_day(split)
+    assert day["hours"] >= 24.0
+    assert day["false_incidents"] <= want["false_incidents"]
+    assert day["leaks_not_confirmed"] <= want["leaks_not_confirmed"]
+    assert day["confirm_s_median"] <= want["confirm_s_median"] + 0.1
