@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -43,6 +45,9 @@ def table(name: str, figs: dict[str, dict[str, Any]], bands: dict[str, list[dict
                      f"{_ci(ci['detection_rate'])} | {_pct(v['library_right_rate'])} {_ci(ci['library_right_rate'])} "
                      f"| {_pct(v['rate_error_median'])} {_ci(ci['rate_error_median'])} "
                      f"| {_pct(v['rate_error_p90'])} {_ci(ci['rate_error_p90'])} |")
+    lines += ["", "False alarms by class: " + "; ".join(
+        f"{n} s clean {_pct(f['by_class']['clean'][0])} ({f['by_class']['clean'][1]}), bounded "
+        f"{_pct(f['by_class']['bounded'][0])} ({f['by_class']['bounded'][1]})" for n, f in figs.items())]
     lines += ["", "Detection by leak-rate band (MB/min, the window's truth):", "",
               "| window | " + " | ".join(b["band"] for b in next(iter(bands.values()))) + " |",
               "|---|" + "---|" * len(next(iter(bands.values())))]
@@ -52,10 +57,15 @@ def table(name: str, figs: dict[str, dict[str, Any]], bands: dict[str, list[dict
     return "\n".join(lines)
 
 
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def measure() -> tuple[dict[str, Any], str]:
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), _cpu()
     df = replay_all()
-    replay_s = time.monotonic() - t0
+    replay_s, replay_cpu = time.monotonic() - t0, _cpu() - c0
     out: dict[str, Any] = {}
     text = []
     for split in ("frozen", "tuning"):
@@ -63,7 +73,7 @@ def measure() -> tuple[dict[str, Any], str]:
         if mine.empty:
             continue
         figs = score.split_figures(mine)
-        bands = {str(n): score.by_band(mine[mine["length"] == n]) for n in figs}
+        bands = {n: score.by_band(mine[mine["length"] == int(n)]) for n in figs}
         out[split] = {n: f["figures"] for n, f in figs.items()}
         text.append(table(f"{split} split ({len(mine)} windows)", figs, bands))
     frozen = df[df["split"] == "frozen"]
@@ -78,7 +88,8 @@ def measure() -> tuple[dict[str, Any], str]:
                 f"{day['false_incidents']} false incident(s); leaks >= 10 MB/min confirmed after "
                 f"{day['confirm_s']} s (median {day['confirm_s_median']:.0f} s; not confirmed: "
                 f"{day['leaks_not_confirmed']})")
-    text.append(f"replayed {len(df)} windows in {replay_s:.1f} s")
+    text.append(f"replayed {len(df)} windows in {replay_s:.1f} s (CPU {replay_cpu:.1f} s, "
+                f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f})")
     return out, "\n\n".join(text)
 
 

@@ -67,7 +67,10 @@ def figures(df: pd.DataFrame) -> dict[str, Any]:
           "library_right_rate": wilson(lib, len(called)), "rate_error_median": boot(err, 0.5),
           "rate_error_p90": boot(err, 0.9)}
     counts = {"quiet": len(quiet), "false_alarms": fa, "leaks": len(leaks), "detected": det}
-    return {"figures": out, "ci": ci, "counts": counts}
+    by_class = {c: (float(quiet.loc[quiet["label"] == c, "called"].mean()) if (quiet["label"] == c).any() else math.nan,
+                    f"{int(quiet.loc[quiet['label'] == c, 'called'].sum())}/{int((quiet['label'] == c).sum())}")
+                for c in ("clean", "bounded")}
+    return {"figures": out, "ci": ci, "counts": counts, "by_class": by_class}
 
 
 def by_band(df: pd.DataFrame) -> list[dict[str, Any]]:
