@@ -110,14 +110,27 @@ class Findings:
     stopping: dict[int, str] = field(default_factory=dict)  # pid -> a ledger growth that stopped too late to tell
 
 
-def _order(culprits: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Most important first: processes by their largest rate; within one, attributed (library named)
-    culprits before /proc-only ones; then by rate and outstanding bytes."""
+def _slowing(c: Candidate) -> bool:
+    """Growth whose rate keeps falling (JIT code, allocator caches warming): a plateau forming."""
+    return bool(c.extra.get("decelerating"))
+
+
+def _evidence(c: Candidate) -> float:
+    """Rate and probability together: the rate weighted by the confidence of its steadiness."""
+    return c.mb_per_min * float(c.extra.get("confidence", 1.0) or 0.0)
+
+
+def _order(cands: list[Candidate]) -> list[Candidate]:
+    """Most important first, by evidence (rate times confidence), never by rate alone: growth that is
+    slowing down ranks after every steady growth, whatever its rate; processes by their strongest steady
+    evidence; within one, attributed (library named) candidates before /proc-only ones; then by evidence
+    and outstanding bytes."""
     top: dict[int, float] = {}
-    for c in culprits:
-        top[c["pid"]] = max(top.get(c["pid"], 0.0), c["mb_per_min"])
-    return sorted(culprits, key=lambda c: (-top[c["pid"]], c["source"] == "watcher", -c["mb_per_min"],
-                                           -(c["outstanding_bytes"] or 0)))
+    for c in cands:
+        if not _slowing(c):
+            top[c.pid] = max(top.get(c.pid, 0.0), _evidence(c))
+    return sorted(cands, key=lambda c: (_slowing(c), -top.get(c.pid, 0.0), c.source == "watcher", -_evidence(c),
+                                        -c.mb_per_min, -(c.outstanding_bytes or 0)))
 
 
 def _window_rate(c: Candidate) -> float:
@@ -175,7 +188,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     watcher = uncovered_watcher(fold_native(python, watcher, types), ledger + touch, python)
     held = held_candidates(reader, info, th)  # memory held by descriptors: in no RSS, so in no other candidate
     cands = ledger + touch + pinned + python + watcher + held
-    culprits = _order([explain(c, rules, reader) for c in cands])
+    culprits = [explain(c, rules, reader) for c in _order(cands)]
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
     doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} | set(stopping)) - leaking
     return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap, stopping)
