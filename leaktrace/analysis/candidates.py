@@ -202,30 +202,6 @@ def ledger_candidates(reader: TableSource, info: dict[int, dict[str, Any]], warn
     return out, True
 
 
-# Resident growth of a class whose mapped size grows by less than this share of it is the first touch of
-# pages mapped before (a churning allocator reusing its heap): bounded by the mapping, not a leak. A leak
-# through malloc or mmap maps what it keeps, so its class's size grows with its resident bytes.
-FIRST_TOUCH_SHARE = 0.25
-
-
-def first_touch_classes(class_usage: pd.DataFrame, pid: int, classes: list[str]) -> set[str]:
-    """Of ``classes`` of ``pid``: those whose resident bytes grew over the window while their mapped size
-    did not (grew by less than FIRST_TOUCH_SHARE of the resident growth)."""
-    out: set[str] = set()
-    if class_usage.empty or not classes:
-        return out
-    mine = class_usage[class_usage["pid"] == pid]
-    for cls in classes:
-        g = mine[mine["cls"] == cls].set_index("t").sort_index()
-        if len(g) < 2:
-            continue
-        rss_rise = float(g["rss"].iloc[-1] - g["rss"].iloc[0])
-        size_rise = float(g["size"].iloc[-1] - g["size"].iloc[0])
-        if rss_rise > 0 and size_rise < FIRST_TOUCH_SHARE * rss_rise:
-            out.add(cls)
-    return out
-
-
 def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[str, Any]],
                        shm: pd.DataFrame | None, th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
     """The growing memory classes of each leaking process (no library: /proc alone cannot name it)."""
@@ -241,10 +217,6 @@ def watcher_candidates(reader: TableSource, procs: pd.DataFrame, info: dict[int,
                     & (ctab["confidence"] >= th["class_confidence"]) & (~ctab["step"].astype(bool))
                     & (~ctab["decelerating"].astype(bool))]
         classes = [(str(r.cls), float(r.mb_per_min), float(r.confidence)) for r in mine.itertuples()]
-        touched = first_touch_classes(cu, pid, [c for c, _, _ in classes])
-        if classes and len(touched) == len(classes):
-            continue  # resident growth inside mappings that do not grow: bounded by them, no leak
-        classes = [c for c in classes if c[0] not in touched]
         if not classes:
             cls = "anon" if p["anon_mb_per_min"] >= th["leak_mb_per_min"] else "other"
             classes = [(cls, float(max(p["anon_mb_per_min"], p["rss_mb_per_min"])), float(p["rss_confidence"]))]
