@@ -123,6 +123,8 @@ ALONE_MODULES = {
     "test_held_files.py",
     # rates read against the fixtures' own books, and gdb's pause budget with the Python frames
     "test_malloc_state.py", "test_python_frames_hunt.py",
+    # replays the corpus on two worker processes: a neighbour's hunt would wait for the CPU
+    "test_verdict_corpus.py",
 }
 
 
