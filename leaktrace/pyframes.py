@@ -19,6 +19,7 @@ runs, a frame may be popped under the walk: the walk stops at the first frame th
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, Protocol
 
 # Offsets in bytes, x86-64, from the DWARF of pyenv's CPython 3.10.13, 3.11.7, 3.12.1 and 3.13.0 (FRAME_EXPRS).
@@ -264,14 +265,7 @@ class PythonStacks:
             info = self.code(code)
             if info is None or raw is None:
                 break
-            lasti = struct.unpack("<i", raw)[0]
-            text = info[5].get(lasti)
-            if text is None:
-                line = line_at_310(info[4], info[3], lasti)
-                text = f"{info[1]}:{info[2]}:{line if line is not None else info[3]}"
-                if len(info[5]) < 4096:
-                    info[5][lasti] = text
-            out.append(text)
+            out.append(self._text(info, struct.unpack("<i", raw)[0], line_at_310))
         return out
 
     def frames(self, frame: int) -> list[str]:
@@ -296,15 +290,20 @@ class PythonStacks:
             info = self.code(code)
             if info is None:
                 break
-            lasti = (instr - code - first_unit) // 2
-            text = info[5].get(lasti)
-            if text is None:
-                line = line_at(info[4], info[3], lasti)
-                text = f"{info[1]}:{info[2]}:{line if line is not None else info[3]}"
-                if len(info[5]) < 4096:
-                    info[5][lasti] = text
-            out.append(text)
+            out.append(self._text(info, (instr - code - first_unit) // 2, line_at))
         return out
+
+    @staticmethod
+    def _text(info: tuple[bytes, str, str, int, bytes, dict[int, str]], lasti: int,
+              line_of: Callable[[bytes, int, int], int | None]) -> str:
+        """"file:function:line" of instruction ``lasti`` of a code object, cached per code object."""
+        text = info[5].get(lasti)
+        if text is None:
+            line = line_of(info[4], info[3], lasti)
+            text = f"{info[1]}:{info[2]}:{line if line is not None else info[3]}"
+            if len(info[5]) < 4096:
+                info[5][lasti] = text
+        return text
 
     def code(self, code: int) -> tuple[bytes, str, str, int, bytes, dict[int, str]] | None:
         """(key, file name, function name, first line, location table, {instruction: "file:function:line"})

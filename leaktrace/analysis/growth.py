@@ -49,6 +49,7 @@ no-leak, and a longer hunt settles it (its thirds' rates agree once the warm-up 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -326,6 +327,15 @@ def shape_evidence(r: Rate, unit_mb: bool = True) -> str | None:
                 "KB): a leak that follows load, not a plateau; the rate given is the whole window's")
     return (f"warm-up then steady: the first third of the window grew {sh.first_mb_per_min:.1f} MB/min, "
             f"what follows the warm-up {r.mb_per_min:.1f} MB/min (the rate given)")
+
+
+def per_process(table: pd.DataFrame, min_rows: int = 4) -> Iterator[tuple[int, pd.DataFrame]]:
+    """(pid, its rows in time order) of a per-process table, for each process with at least ``min_rows``."""
+    if table.empty:
+        return
+    for pid, rows in table.groupby("pid"):
+        if len(rows) >= min_rows:
+            yield int(pid), rows.sort_values("t")
 
 
 def process_rates(rollup: pd.DataFrame, warmup_s: float | None = None) -> pd.DataFrame:

@@ -10,37 +10,30 @@ from typing import Any
 
 import pandas as pd
 
-from leaktrace.analysis.candidates import THRESHOLDS, Candidate, clears
-from leaktrace.analysis.growth import MB, rate
+from leaktrace.analysis.candidates import THRESHOLDS, Candidate
+from leaktrace.analysis.growth import MB, per_process, rate
+from leaktrace.analysis.leaking import leaks_steadily
 from leaktrace.session import TableSource
 
 
 def held_candidates(reader: TableSource, info: dict[int, dict[str, Any]],
                     th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
-    held = reader.table("held_files")
     out: list[Candidate] = []
-    if held.empty:
-        return out
-    for pid, rows in held.groupby("pid"):
-        rows = rows.sort_values("t")
-        if len(rows) < 4:
-            continue
+    for pid, rows in per_process(reader.table("held_files")):
         r = rate(rows["t"], rows["bytes"])
-        if (r.step or r.decelerating or r.stop is not None or r.span_s < th["min_span_s"]
-                or r.confidence < th["min_confidence"] or r.mb_per_min < th["leak_mb_per_min"]
-                or not clears(r.lower_mb_per_min, th["leak_mb_per_min"])):
+        if not leaks_steadily(r, th):
             continue
         last = rows.iloc[-1]
         named = _names(last["names"])
         names = [n for n, _files, _size in named]
-        pi = info.get(int(pid), {})
+        pi = info.get(pid, {})
         ev = [f"{int(last['files'])} file(s) held open by descriptor and not mapped: {int(last['bytes']) / MB:.1f} MB "
               f"at the end, growing {r.mb_per_min:.2f} MB/min (confidence {r.confidence:.2f}, "
               f"{int(rows['files'].iloc[0])} → {int(last['files'])} files over {r.span_s:.0f} s); none of it is in "
               "the process's RSS (the host's Shmem holds it)"]
         if named:
             ev.append("held most by: " + "; ".join(f"{n}: {files} file(s), {size / MB:.1f} MB" for n, files, size in named))
-        out.append(Candidate(kind="shm", pid=int(pid), mb_per_min=r.mb_per_min, source="fd", cls="fd",
+        out.append(Candidate(kind="shm", pid=pid, mb_per_min=r.mb_per_min, source="fd", cls="fd",
                              evidence=ev, outstanding_bytes=int(last["bytes"]), paths=names,
                              python=pi.get("python", False), label=pi.get("label", "other"),
                              title=pi.get("title", "?"),

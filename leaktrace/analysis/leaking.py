@@ -65,6 +65,14 @@ def clears(lower: float | None, threshold: float) -> bool:
     return lower is None or not math.isfinite(lower) or lower >= threshold
 
 
+def leaks_steadily(r: Any, th: dict[str, float] = THRESHOLDS) -> bool:
+    """One series' growth.Rate is a leak's: at the leak rate, confident, long enough, neither one step nor a
+    plateau forming nor stopped inside the window, its lower bound clearing the leak rate."""
+    return not (r.step or r.decelerating or r.stop is not None or r.span_s < th["min_span_s"]
+                or r.confidence < th["min_confidence"] or r.mb_per_min < th["leak_mb_per_min"]
+                or not clears(r.lower_mb_per_min, th["leak_mb_per_min"]))
+
+
 def is_leaking(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
     """Growth at the leak rate, confident, long enough, neither one step nor a plateau forming nor stopped
     inside the window, and clearing the leak rate with its uncertainty (a short-lived target's few samples

@@ -13,8 +13,9 @@ from typing import Any
 
 import pandas as pd
 
-from leaktrace.analysis.candidates import THRESHOLDS, Candidate, clears
-from leaktrace.analysis.growth import Rate, rate
+from leaktrace.analysis.candidates import THRESHOLDS, Candidate
+from leaktrace.analysis.growth import Rate, per_process, rate
+from leaktrace.analysis.leaking import leaks_steadily
 from leaktrace.session import TableSource
 
 # A ledger candidate whose rate is at least this share of the locked growth is the memory that is locked.
@@ -26,20 +27,13 @@ def pinned_rates(reader: TableSource, th: dict[str, float] = THRESHOLDS) -> dict
     """pid -> (column, rate) of each process whose VmLck or VmPin grows at the leak rate, steadily."""
     hp = reader.table("host_procs") if "host_procs" in reader.tables() else pd.DataFrame()
     out: dict[int, tuple[str, Rate]] = {}
-    if hp.empty:
-        return out
-    for pid, rows in hp.groupby("pid"):
-        rows = rows.sort_values("t")
-        if len(rows) < 4:
-            continue
+    for pid, rows in per_process(hp):
         for col in COLUMNS:
             r = rate(rows["t"], rows[col])
-            if (r.step or r.decelerating or r.stop is not None or r.span_s < th["min_span_s"]
-                    or r.confidence < th["min_confidence"] or r.mb_per_min < th["leak_mb_per_min"]
-                    or not clears(r.lower_mb_per_min, th["leak_mb_per_min"])):
+            if not leaks_steadily(r, th):
                 continue
-            if int(pid) not in out or r.mb_per_min > out[int(pid)][1].mb_per_min:
-                out[int(pid)] = (col, r)
+            if pid not in out or r.mb_per_min > out[pid][1].mb_per_min:
+                out[pid] = (col, r)
     return out
 
 

@@ -145,46 +145,38 @@ def _arena(mem: _Chunks, arena: int, raw: bytes, o: dict[str, int], out: dict[st
         out["top"] += size
     fd_at = o["chunk_fd"]
     for i in range(NFASTBINS):
-        p = struct.unpack_from("<Q", raw, o["fastbins"] + 8 * i)[0]
-        seen: set[int] = set()
-        while p:
-            if p in seen or budget[0] <= 0:
-                out["complete"] = False
-                break
-            seen.add(p)
-            budget[0] -= 1
-            got = mem.size_and_link(p)
-            if got is None:
-                out["complete"] = False
-                break
-            size, link = got
-            if not MIN_CHUNK <= size <= system:  # a list changed under the read: not a chunk of this arena
-                out["complete"] = False
-                break
-            out["fordblks"] += size
-            out["fsmblks"] += size
-            out["free_chunks"] += 1
-            # safe-linking (glibc 2.32 on): a fast bin's link is stored xor-ed with its own address >> 12
-            p = link ^ ((p + fd_at) >> 12)
+        first = struct.unpack_from("<Q", raw, o["fastbins"] + 8 * i)[0]
+        out["fsmblks"] += _walk(mem, first, 0, fd_at, system, out, budget, safe_linking=True)
     for i in range(1, NBINS):
         # bin_at(av, i): a fake chunk whose fd/bk are bins[2(i-1)], bins[2(i-1)+1]
         head = arena + o["bins"] + 16 * (i - 1) - fd_at
-        p = struct.unpack_from("<Q", raw, o["bins"] + 16 * (i - 1))[0]
-        seen = set()
-        while p != head:
-            if p in seen or budget[0] <= 0 or not p:
-                out["complete"] = False
-                break
-            seen.add(p)
-            budget[0] -= 1
-            got = mem.size_and_link(p)
-            if got is None:
-                out["complete"] = False
-                break
-            size, link = got
-            if not MIN_CHUNK <= size <= system:  # a list changed under the read: not a chunk of this arena
-                out["complete"] = False
-                break
-            out["fordblks"] += size
-            out["free_chunks"] += 1
-            p = link
+        first = struct.unpack_from("<Q", raw, o["bins"] + 16 * (i - 1))[0]
+        _walk(mem, first, head, fd_at, system, out, budget, safe_linking=False)
+
+
+def _walk(mem: _Chunks, p: int, head: int, fd_at: int, system: int, out: dict[str, Any], budget: list[int],
+          safe_linking: bool) -> int:
+    """Adds the free chunks of one bin, from ``p`` along fd links to ``head`` (0: a fast bin's end), to
+    ``out``; the bytes walked. A fast bin's links are stored xor-ed with their own address >> 12 (glibc 2.32's
+    safe-linking)."""
+    walked = 0
+    seen: set[int] = set()
+    while p != head:
+        if p in seen or budget[0] <= 0 or not p:
+            out["complete"] = False
+            break
+        seen.add(p)
+        budget[0] -= 1
+        got = mem.size_and_link(p)
+        if got is None:
+            out["complete"] = False
+            break
+        size, link = got
+        if not MIN_CHUNK <= size <= system:  # a list changed under the read: not a chunk of this arena
+            out["complete"] = False
+            break
+        out["fordblks"] += size
+        out["free_chunks"] += 1
+        walked += size
+        p = link ^ ((p + fd_at) >> 12) if safe_linking else link
+    return walked
