@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .ci/apt.sh
-apt_ensure gcc libc6-dev make gdb bpfcc-tools python3-bpfcc
+# libc6-dbg: glibc's debug information, where the malloc probe finds malloc's books (main_arena, mp_)
+apt_ensure gcc libc6-dev libc6-dbg make gdb bpfcc-tools python3-bpfcc
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
