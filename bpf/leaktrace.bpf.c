@@ -128,6 +128,12 @@ BPF_HASH(targets, u32, u32, 65536);
 BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for */
 #endif
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
+/* tgid (user-space numbering) -> seq of its last slow event that may unmap or map over kernel-owned regions (a
+ * munmap or mremap not settled here, a MAP_FIXED mmap, shmat, shmdt). Until user space applies such an event, a
+ * region it cut is still whole in `regions`, and a later exact munmap or mremap of that region's key would be
+ * settled against what it no longer is (its head unmapped and the hole mapped again, a piece moved away): only
+ * regions born after the process's last such event are settled here; older ones go to user space, after it. */
+BPF_HASH(dirty, u32, u64, 65536);
 /* The traced call an exit program is handling, per CPU: the program runs to its end on one CPU, and the record
  * does not fit the BPF stack beside the event built from it. */
 BPF_PERCPU_ARRAY(calls, struct lt_call, 1);
@@ -159,6 +165,19 @@ static __always_inline void count(u32 idx)
     u64 *v = counters.lookup(&idx);
     if (v)
         *v += 1;
+}
+
+/* A slow event that may cut kernel-owned regions of `tgid` (see `dirty`). */
+static __always_inline void mark_dirty(u32 tgid, u64 seq)
+{
+    dirty.update(&tgid, &seq);
+}
+
+/* May the kernel settle an exact munmap/mremap of `r` (no slow event of the process may have cut it)? */
+static __always_inline int settles(u32 tgid, struct lt_region *r)
+{
+    u64 *d = dirty.lookup(&tgid);
+    return !d || r->seq > *d;
 }
 
 static __always_inline u64 page_up(u64 len)
@@ -479,7 +498,9 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
         r.prot = (u32)p->prot;
         r.flags = (u32)p->flags;
         r.fd = anon ? (u32)-1 : (u32)p->fd;
-        if (regions.update(&key, &r) == 0) {
+        /* Never over a region still keyed at this start: one cut by a slow event not applied yet (its head
+         * unmapped, now reused). It stays for user space to absorb, and this mapping goes the slow way. */
+        if (regions.insert(&key, &r) == 0) {
             count(LT_CNT_FAST_MAPS);
             if (!anon && (p->prot & LT_PROT_EXEC)) {
                 struct lt_event hint = {};
@@ -493,8 +514,11 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
             }
             return 0;
         }
-        count(LT_CNT_MAP_FULL);
+        if (!regions.lookup(&key))
+            count(LT_CNT_MAP_FULL);
     }
+    if (p->flags & LT_MAP_FIXED)
+        mark_dirty(tgid, now);
     struct lt_event ev = {};
     ev.seq = now;
     ev.type = LT_EV_MMAP;
@@ -530,13 +554,14 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     u64 len = page_up(args->len);
     struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = addr};
     struct lt_region *r = regions.lookup(&key);
-    if (r && r->len == len) {
+    if (r && r->len == len && settles(tgid, r)) {
         regions.delete(&key);
         count(LT_CNT_SETTLED);
         return 0;
     }
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
+    mark_dirty(tgid, ev.seq);
     ev.type = LT_EV_MUNMAP;
     ev.tgid = tgid;
     ev.tid = tid;
@@ -570,19 +595,22 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     u64 now = bpf_ktime_get_ns();
     struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = p->addr};
     struct lt_region *r = regions.lookup(&key);
-    if (r && r->len == old_len && old_len != 0 && !(p->flags & (LT_MREMAP_FIXED | LT_MREMAP_DONTUNMAP))) {
+    if (r && r->len == old_len && old_len != 0 && !(p->flags & (LT_MREMAP_FIXED | LT_MREMAP_DONTUNMAP))
+        && settles(tgid, r)) {
         /* The whole region grew, shrank or moved into space that was free: still the kernel's. */
         struct lt_region moved = *r;
         moved.len = new_len;
         moved.seq = now;
         struct lt_region_key nkey = {.tgid = tgid, .pad = 0, .start = (u64)ret};
         regions.delete(&key);
-        if (regions.update(&nkey, &moved) == 0) {
+        if (regions.insert(&nkey, &moved) == 0) {
             count(LT_CNT_SETTLED);
             return 0;
         }
-        count(LT_CNT_MAP_FULL);
-        /* No room: hand the moved region to user space as a fresh mapping. */
+        if (!regions.lookup(&nkey))
+            count(LT_CNT_MAP_FULL);
+        /* No room, or a cut region still keyed there (see sys_exit_mmap): hand the moved region to user space as
+         * a fresh mapping. */
         struct lt_event lost = {};
         lost.seq = now;
         lost.type = LT_EV_MMAP;
@@ -602,6 +630,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     }
     struct lt_event ev = {};
     ev.seq = now;
+    mark_dirty(tgid, now);
     ev.type = LT_EV_MREMAP;
     ev.tgid = tgid;
     ev.tid = tid;
@@ -718,6 +747,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
     }
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
+    mark_dirty(p->tgid, ev.seq);  /* SHM_REMAP maps over what was there */
     ev.type = LT_EV_SHMAT;
     ev.tgid = p->tgid;
     ev.tid = p->tid;
@@ -743,6 +773,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_shmdt)
     count(LT_CNT_SYSCALLS);
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
+    mark_dirty(ids.tgid, ev.seq);
     ev.type = LT_EV_SHMDT;
     ev.tgid = ids.tgid;
     ev.tid = ids.tid;
@@ -817,6 +848,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!args->group_dead)
         return 0;
     targets.delete(&tgid);
+    dirty.delete(&ids.tgid);
 #ifdef LT_PIDNS_INO
     ns_targets.delete(&ids.tgid);
 #endif
