@@ -322,6 +322,17 @@ def test_sysv_detach_spares_what_was_mapped_into_the_segment(led: OutstandingLed
     assert spans(led) == [(100, 110, 0x1000), (201, 202, 0x2000)]
 
 
+def test_sysv_detach_only_where_the_segment_was_attached(led: OutstandingLedger) -> None:
+    """Its head unmapped, a segment still detaches at its attach address, never at the start of what is left
+    (the kernel matches a piece's offset into its segment against its distance from the address named).
+    mapfuzz: shmat 11 0 3665888380 858513437 2112384727 / munmap 6 2 3704979773 ... / shmdt 12 0 ..."""
+    led.shmat(1, 200 * P, 13 * P, S)
+    led.munmap(1, 200 * P, 8 * P)
+    assert led.shmdt(1, 208 * P) == []  # EINVAL in the kernel: nothing detached
+    assert spans(led)[-1] == (208, 213, 0x4000)
+    assert [(iv.start // P, iv.end // P) for iv in led.shmdt(1, 200 * P)] == [(208, 213)]
+
+
 def test_sysv_segment_unmapped_whole_is_forgotten(led: OutstandingLedger) -> None:
     led.shmat(1, 200 * P, 2 * P, S)
     led.munmap(1, 200 * P, 2 * P)

@@ -93,7 +93,10 @@ class OutstandingLedger:
         """Detach the segment attached at ``addr``. The kernel unmaps that segment's mappings within
         [addr, addr + its size) and nothing else, so only shm pieces there go (a mapping placed inside the
         range since, after a munmap of part of the segment, stays). A segment attached before tracing is
-        known by its pre-existing /SYSV mapping starting at ``addr``. Returns the removed pieces."""
+        known by its pre-existing /SYSV mapping starting at ``addr``. The kernel detaches only where a segment
+        was attached (a piece whose offset into its segment is its distance from ``addr``): a segment attached
+        since, at another address, stays attached even where a piece of it starts at ``addr`` (its head
+        unmapped). Returns the removed pieces."""
         sp = self.spaces.get(pid)
         if sp is None:
             return []
@@ -101,7 +104,7 @@ class OutstandingLedger:
         size = self.shm_segments.get(pid, {}).pop(addr, None)
         if size is None:
             first = sp.pieces(addr, addr + 1)
-            if not first or first[0][0] != addr or not _is_sysv(kinds[first[0][2]]):
+            if not first or first[0][0] != addr or not _is_preexisting_sysv(kinds[first[0][2]]):
                 return []  # nothing attached there: the kernel's shmdt fails too
             size = sp.interval_end(addr) - addr  # seeded from one maps line: the whole VMA
         removed: list[Interval] = []
@@ -229,6 +232,10 @@ class OutstandingLedger:
                 tot.outstanding_bytes += end - start
                 tot.regions += 1
         return tot
+
+
+def _is_preexisting_sysv(o: Origin) -> bool:
+    return o.preexisting and o.path.startswith(SYSV_PREFIX)
 
 
 def _is_sysv(o: Origin) -> bool:
