@@ -260,6 +260,31 @@ class KernelSide:
                 if val is not None and val.seq >= seq:
                     self._put_back(tgid, start, val)
 
+    def dirty_seq(self, tgid: int) -> int:
+        """The seq of ``tgid``'s last slow event that may have cut kernel-owned regions (0: none; the kernel's
+        `dirty` map, bpf/leaktrace.bpf.c). No program: 0."""
+        if self.prog is None:
+            return 0
+        try:
+            return int(self.prog[b"dirty"][ct.c_uint32(tgid)].value)
+        except (KeyError, TypeError):
+            return 0
+
+    def drop_born_before(self, tgid: int, seq: int) -> int:
+        """Remove the kernel-owned regions of ``tgid`` born before ``seq`` (a fresh read of the map); how many."""
+        kr = self.scan().get(tgid)
+        if kr is None:
+            return 0
+        n = 0
+        for start, rseq in zip(kr.starts, kr.seqs, strict=True):
+            if rseq < seq:
+                val = self._take(tgid, start)
+                if val is not None and val.seq >= seq:
+                    self._put_back(tgid, start, val)
+                elif val is not None:
+                    n += 1
+        return n
+
     def held_before(self, kmap: dict[int, KernelRegions], pid: int,
                     seq: int) -> list[tuple[int, int, int, Origin, int]]:
         """The kernel regions of ``pid`` in ``kmap`` born before ``seq``: (pid, start, end, origin, t_born)."""

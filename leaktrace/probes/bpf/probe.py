@@ -64,6 +64,8 @@ MAX_BATCH = 8192
 # Seconds between drains when the last batch was not full: each drain with events reads the kernel's region
 # table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
+# Events whose effect a maps read made after them already holds (see BpfProbe._seed).
+_SEEDED_TYPES = frozenset((EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_SHMAT, EV_SHMDT))
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
@@ -106,6 +108,8 @@ class BpfProbe(ProbeBase):
         self._counters: dict[str, int] = {**dict.fromkeys(COUNTERS, 0), "shm_unsized": 0}
         self.shm_sizer = ShmSizer()
         self._maps_refreshed: dict[int, float] = {}
+        # pid -> when its maps were last read as its seed (CLOCK_MONOTONIC ns, the events' clock): see _seed
+        self._seeded_at: dict[int, int] = {}
         self.attach_s: float | None = None  # from the compile's start to live
         self.compile_s: float | None = None
         self._build = loader.ProgramBuild(self.defines)  # compiled in the background from prepare()
@@ -181,15 +185,24 @@ class BpfProbe(ProbeBase):
         self._seed(pid)
 
     def _seed(self, pid: int) -> None:
+        """The process's address space as /proc/PID/maps shows it now: traced since (add_target), or a child
+        (FORK) or new image (EXEC) already running, so its events up to the read are both in the seed and in the
+        ring. Those that map or unmap (not MPROTECT: re-applied, it converges on the last protection) are not
+        applied again (_SEEDED_TYPES): replayed over a state that already holds them, a move or a brk would
+        apply twice. Its kernel-owned regions that a slow event may have cut before the read are dropped (the
+        seed holds what is left of them); those born since its last such event are whole, and kept."""
+        t = time.monotonic_ns()
         maps = _read_maps(pid)
         if maps is None:
             return
+        self._seeded_at[pid] = t
+        if self.kernel.prog is not None and (cut := min(t, self.kernel.dirty_seq(pid))):
+            self.kernel.drop_born_before(pid, cut)
         self.symbols.set_maps(pid, maps)
         self._maps_refreshed[pid] = time.monotonic()
         # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
         self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
-                         t=time.monotonic_ns(),
-                         reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
+                         t=t, reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
         libc = libc_code(maps)
         if libc is not None:
             self.kernel.set_runtime(pid, libc)
@@ -314,6 +327,8 @@ class BpfProbe(ProbeBase):
 
     def _apply(self, e: Event, kmap: dict, taken: set) -> None:
         pid = e.tgid
+        if e.type in _SEEDED_TYPES and e.seq < self._seeded_at.get(pid, 0):
+            return  # already in the process's seed (see _seed)
         if e.type == EV_MMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             o = origin_of(e)
@@ -369,6 +384,7 @@ class BpfProbe(ProbeBase):
                 self.writer.record_exit(pid, e.seq, kmap, code, oom)
             self.kernel.drop(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
+            self._seeded_at.pop(pid, None)
             self.shm_sizer.forget(pid)
             self._known.discard(pid)
             self.hooks.process_gone(pid)
