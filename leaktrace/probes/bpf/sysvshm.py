@@ -1,16 +1,17 @@
 """The size of a SysV segment a target attached: the kernel half sends shmat's result address and the shmid
 only (no BPF helper reaches the new mapping or the segment from a tracepoint under BCC).
 
-/proc/PID/maps shows an attached segment as a shared mapping whose inode is the shmid ("/SYSV<key>
-(deleted)" once IPC_RMID'd): its extent at the attach address is exactly what shmat mapped, and the inode
-check makes sure it is that segment, not one attached at the same address later. The maps are read after the
-event, so the mapping is there unless the process detached it since; then /proc/sysvipc/shm (the segment's
-own size, by shmid, while the segment exists) answers — only for a process of leaktrace's own IPC namespace,
-the one that file lists (a shmid of another namespace names another segment). When neither does, the segment was detached (and
-destroyed) before the read: the attach is left out and its shmdt, already in the ring, removes nothing, so
-the ledger stays exact. Such an attach is "unsized" until its shmdt is seen; one never detached (the process
-ended first, or moved the mapping with mremap and destroyed the segment) stays counted: the ledger's known
-inexactness. One maps read per process per batch of events, only for batches that attach segments.
+/proc/sysvipc/shm gives the segment's own size by shmid while the segment exists: exactly what shmat mapped
+(page-rounded), whatever the process did to the mapping since (the events after the attach are applied after it:
+an extent read from /proc/PID/maps by then could already be cut by a later munmap or MAP_FIXED). That file lists
+leaktrace's own IPC namespace only (a shmid of another namespace names another segment): for a process of
+another namespace, the extent of the mapping at the attach address whose inode is the shmid ("/SYSV<key>
+(deleted)" once IPC_RMID'd) answers, exact unless the process cut it before the read. When neither does, the
+segment was destroyed before the read (IPC_RMID'd and detached everywhere: nothing of it is mapped any more): the
+attach is left out and its shmdt, already in the ring, removes nothing, so the ledger stays exact. Such an attach
+is "unsized" until its shmdt is seen; one never detached (the process ended first, or moved the mapping with
+mremap) stays counted: the ledger's known inexactness. One /proc read per batch of events, only for batches that
+attach segments.
 """
 
 from __future__ import annotations
@@ -85,16 +86,19 @@ class ShmSizer:
         self._ipc = None
 
     def size(self, pid: int, addr: int, shmid: int) -> int | None:
-        maps = self._maps.get(pid)
-        if maps is None:
-            try:
-                maps = procfs.read_maps(pid)
-            except (ProcessGone, AccessDenied, procfs.ParseError, OSError):
-                maps = []
-            self._maps[pid] = maps
-        n = _segment_extent(maps, addr, shmid)
-        if n is None and _same_ipc_namespace(pid):
-            n = self._ipc_sizes().get(shmid)
+        """The bytes the attach mapped: the segment's size while it exists (the maps are read after the event,
+        and what shows at ``addr`` by then may be cut by later calls, applied after this one), else its mapping's
+        extent (a segment of another IPC namespace)."""
+        n = self._ipc_sizes().get(shmid) if _same_ipc_namespace(pid) else None
+        if n is None:
+            maps = self._maps.get(pid)
+            if maps is None:
+                try:
+                    maps = procfs.read_maps(pid)
+                except (ProcessGone, AccessDenied, procfs.ParseError, OSError):
+                    maps = []
+                self._maps[pid] = maps
+            n = _segment_extent(maps, addr, shmid)
         if not n:
             self._unsized[(pid, addr)] = self._unsized.get((pid, addr), 0) + 1
             self.unsized_total += 1
