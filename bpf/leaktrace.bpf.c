@@ -724,6 +724,32 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 }
 
 #ifdef LT_SYSV_TRACEPOINTS
+/* shmid -> bytes of the segments the traced processes created (shmget of a new segment: IPC_PRIVATE, or IPC_CREAT |
+ * IPC_EXCL), so a SHMAT event carries the size of what it mapped: read from /proc later, the segment may be gone
+ * (destroyed once detached), and with it the extent of what an SHM_REMAP attach replaced. */
+BPF_TABLE("lru_hash", u32, u64, shm_sizes, 4096);
+
+#define LT_IPC_CREAT 01000
+#define LT_IPC_EXCL 02000
+TRACEPOINT_PROBE(syscalls, sys_exit_shmget)
+{
+    struct lt_ids ids;
+    long ret = args->ret;
+    if (ret < 0 || !current_ids(&ids))
+        return 0;
+    struct lt_uregs u;
+    struct task_struct *task = bpf_get_current_task_btf();
+    if (bpf_probe_read_kernel(&u, sizeof(u), (char *)bpf_task_pt_regs(task) + LT_REGS_R10_OFF) != 0)
+        return 0;
+    u64 flg = u.dx;  /* shmget(key_t key, size_t size, int shmflg) */
+    if ((int)u.di != 0 && (flg & (LT_IPC_CREAT | LT_IPC_EXCL)) != (LT_IPC_CREAT | LT_IPC_EXCL))
+        return 0;  /* maybe an existing segment: its size is not the one asked */
+    u32 id = (u32)ret;
+    u64 size = page_up(u.si);
+    shm_sizes.update(&id, &size);
+    return 0;
+}
+
 /* SysV shared memory: shmat maps a segment without an mmap syscall, and shmdt unmaps it by address alone.
  * Both are rare (set-up time, not per request), so both go to user space. The kernel half does not size the
  * segment (no helper reaches the new VMA or the segment from a tracepoint under BCC): the SHMAT event carries
@@ -755,6 +781,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
     ev.flags = p->flags;
     ev.prot = p->prot;
     ev.fd = p->fd;  /* the shmid */
+    u32 shmid = (u32)p->fd;
+    u64 *size = shm_sizes.lookup(&shmid);
+    if (size)
+        ev.len = *size;
     ev.site = p->site;
     ev.ip = p->ip;
     ev.stack_id = p->stack_id;

@@ -23,9 +23,9 @@
                           * flags holds LT_EXIT_* bits */
 #define LT_EV_LIBMAP 8   /* a file mapped executable (a library loaded): user space refreshes its maps copy */
 #define LT_EV_MPROTECT 9 /* protection changed (a heap's PROT_NONE reservation committed, or decommitted) */
-#define LT_EV_SHMAT 10   /* a SysV shm segment attached: addr = result, fd = shmid, flags = shmflg, len 0 (the
-                          * kernel half cannot size it: user space reads the mapping at addr whose inode is the
-                          * shmid from /proc/PID/maps) */
+#define LT_EV_SHMAT 10   /* a SysV shm segment attached: addr = result, fd = shmid, flags = shmflg, len = the
+                          * segment's page-rounded size when a traced process created it (shm_sizes), else 0 (user
+                          * space reads it from /proc: leaktrace/probes/bpf/sysvshm.py) */
 #define LT_EV_SHMDT 11   /* a SysV shm segment detached (emitted at entry, like MUNMAP): addr */
 #define LT_EV_HOOKWIN 12 /* a stack window of an mmap made through a memory hook (UCX's libucm), sent while its
                           * path through the hook is not learned (hook_sites, hook_paths), or once per part of UCX

@@ -182,7 +182,7 @@ def exit_defines() -> dict[str, int]:
     return {**exit_code_defines(), **({"LT_OOM_TRACEPOINT": 1} if oom else {})}
 
 
-SYSV_TRACEPOINTS = ("sys_exit_shmat", "sys_enter_shmdt")  # syscalls/, optional
+SYSV_TRACEPOINTS = ("sys_exit_shmget", "sys_exit_shmat", "sys_enter_shmdt")  # syscalls/, optional
 
 
 def sysv_defines() -> dict[str, int]:

@@ -395,9 +395,10 @@ class BpfProbe(ProbeBase):
             self._maps_due.add(pid)
 
     def _apply_shmat(self, e: Event, kmap: dict, taken: set) -> None:
-        """A SysV segment attached: sized from /proc (sysvshm.py), then mapped like an mmap (SHM_REMAP may
-        overlay kernel-owned regions: absorbed first). The event row records the size found."""
-        size = self.shm_sizer.size(e.tgid, e.addr, e.fd & 0xFFFFFFFF)
+        """A SysV segment attached: sized by the kernel (a segment a traced process created) or from /proc
+        (sysvshm.py), then mapped like an mmap (SHM_REMAP may overlay kernel-owned regions: absorbed first). The
+        event row records the size found."""
+        size = e.len or self.shm_sizer.size(e.tgid, e.addr, e.fd & 0xFFFFFFFF)
         if size is None:
             return
         e.len = size = page_up(size)  # as the mapping (/proc/sysvipc/shm gives the segment's bytes)
