@@ -270,20 +270,21 @@ class KernelSide:
         except (KeyError, TypeError):
             return 0
 
-    def drop_born_before(self, tgid: int, seq: int) -> int:
-        """Remove the kernel-owned regions of ``tgid`` born before ``seq`` (a fresh read of the map); how many."""
+    def take_born_before(self, tgid: int, seq: int) -> list[tuple[int, Region, Origin]]:
+        """Remove the kernel-owned regions of ``tgid`` born before ``seq`` (a fresh read of the map): each as
+        (start, region, origin)."""
         kr = self.scan().get(tgid)
         if kr is None:
-            return 0
-        n = 0
+            return []
+        out = []
         for start, rseq in zip(kr.starts, kr.seqs, strict=True):
             if rseq < seq:
                 val = self._take(tgid, start)
                 if val is not None and val.seq >= seq:
                     self._put_back(tgid, start, val)
                 elif val is not None:
-                    n += 1
-        return n
+                    out.append((start, val, self._kernel_region_origin(tgid, val)))
+        return out
 
     def held_before(self, kmap: dict[int, KernelRegions], pid: int,
                     seq: int) -> list[tuple[int, int, int, Origin, int]]:

@@ -193,6 +193,16 @@ class OutstandingLedger:
                 moved -= e - s
         return moved
 
+    def relabel(self, pid: int, start: int, end: int, origin: Origin) -> None:
+        """The pieces held in [start, end) came from ``origin``'s mapping (all but the reservations: a PROT_NONE
+        piece stays one). The extent held does not change."""
+        sp = self.space(pid)
+        kinds = self.origins.origins
+        oid = self.origins.intern(origin)
+        for s, e, k, _t in sp.pieces(start, end):
+            if kinds[k].kind != "reserve":
+                sp.put(s, e, oid, origin.t_born)
+
     def origin_before(self, pid: int, addr: int) -> Origin | None:
         """The origin of counted memory ending right at ``addr`` (what a heap growing from there continues)."""
         sp = self.spaces.get(pid)

@@ -65,7 +65,7 @@ MAX_BATCH = 8192
 # table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
 # Events whose effect a maps read made after them already holds (see BpfProbe._seed).
-_SEEDED_TYPES = frozenset((EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_SHMAT, EV_SHMDT))
+_SEEDED_TYPES = frozenset((EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MPROTECT, EV_SHMAT, EV_SHMDT))
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
@@ -187,22 +187,26 @@ class BpfProbe(ProbeBase):
     def _seed(self, pid: int) -> None:
         """The process's address space as /proc/PID/maps shows it now: traced since (add_target), or a child
         (FORK) or new image (EXEC) already running, so its events up to the read are both in the seed and in the
-        ring. Those that map or unmap (not MPROTECT: re-applied, it converges on the last protection) are not
-        applied again (_SEEDED_TYPES): replayed over a state that already holds them, a move or a brk would
-        apply twice. Its kernel-owned regions that a slow event may have cut before the read are dropped (the
-        seed holds what is left of them); those born since its last such event are whole, and kept."""
+        ring. Those are not applied again (_SEEDED_TYPES): replayed over a state that already holds them, a move
+        or a brk would apply twice, an mprotect undo a later mmap's protection. Its kernel-owned regions born
+        before the read leave the kernel: the seed holds what is left of them. Those born after its last event
+        that may have cut one (the kernel's `dirty` seq) are whole: their pieces keep their origin (but for the
+        PROT_NONE ones, reservations)."""
         t = time.monotonic_ns()
         maps = _read_maps(pid)
         if maps is None:
             return
         self._seeded_at[pid] = t
-        if self.kernel.prog is not None and (cut := min(t, self.kernel.dirty_seq(pid))):
-            self.kernel.drop_born_before(pid, cut)
         self.symbols.set_maps(pid, maps)
         self._maps_refreshed[pid] = time.monotonic()
         # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
         self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
                          t=t, reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
+        if self.kernel.prog is not None:
+            cut = self.kernel.dirty_seq(pid)
+            for start, val, origin in self.kernel.take_born_before(pid, t):
+                if val.seq > cut:
+                    self.ledger.relabel(pid, start, start + val.len, origin)
         libc = libc_code(maps)
         if libc is not None:
             self.kernel.set_runtime(pid, libc)
