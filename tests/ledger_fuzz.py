@@ -145,9 +145,12 @@ def compare(pid: int, held: list[tuple[int, int, str, str]], maps: list[tuple[in
     problems: list[str] = []
     outside = [(a, b) for a, b, _p, path in maps if path in OUT_OF_CONTRACT]
     held = sorted(held)
-    for (a1, b1, k1, _), (a2, b2, k2, _) in zip(held, held[1:], strict=False):
-        if a2 < b1:
-            problems.append(f"pid {pid}: held twice {a2:#x}-{min(b1, b2):#x} ({k1} and {k2})")
+    reach, reach_kind = 0, ""  # the furthest end of the pieces before, and its piece's kind
+    for a, b, kind, _path in held:
+        if a < reach:
+            problems.append(f"pid {pid}: held twice {a:#x}-{min(b, reach):#x} ({reach_kind} and {kind})")
+        if b > reach:
+            reach, reach_kind = b, kind
 
     def in_contract(a: int, b: int, kind: str, path: str) -> bool:
         return not (kind == "preexisting" and path in OUT_OF_CONTRACT
@@ -283,7 +286,7 @@ def fuzz(seeds: list[int], ops_per_seed: int, round_ops: int = 2000, shrink_s: f
                 res.failing_seed = seed
                 res.seconds = time.monotonic() - t0
                 ops = log.read_text().splitlines()
-                res.shrunk, res.shrink_note = shrink(tr, ops, work, time.monotonic() + shrink_s)
+                res.shrunk, res.shrink_note = shrink(tr, ops, work, time.monotonic() + shrink_s, round_ops)
                 return res
         res.seconds = time.monotonic() - t0
         return res
@@ -307,11 +310,20 @@ def fails(tr: Traced, ops: list[str], work: Path) -> bool:
         fz.close()
 
 
-def shrink(tr: Traced, ops: list[str], work: Path, deadline: float) -> tuple[list[str] | None, str]:
-    """The shortest failing prefix (bisected), then chunks removed while it still fails (ddmin), until
+def shrink(tr: Traced, ops: list[str], work: Path, deadline: float,
+           round_ops: int = 2000) -> tuple[list[str] | None, str]:
+    """The shortest failing suffix of whole rounds, its shortest failing prefix (bisected), then chunks removed while it still fails (ddmin), until
     ``deadline``. (None, why) when the whole list does not fail on replay (a failure that depends on timing)."""
-    if not fails(tr, ops, work):
-        return None, f"not reproduced by replaying the {len(ops)} operations: it depends on timing"
+    # A mismatch is mostly made by the last operations: the last rounds alone, from a fresh process, first.
+    k = 1
+    while k * round_ops < len(ops) and time.monotonic() < deadline:
+        if fails(tr, ops[-k * round_ops:], work):
+            ops = ops[-k * round_ops:]
+            break
+        k *= 2
+    else:
+        if not fails(tr, ops, work):
+            return None, f"not reproduced by replaying the {len(ops)} operations: it depends on timing"
     lo, hi = 0, len(ops)  # ops[:hi] fails; ops[:lo] does not (an empty list never fails)
     while hi - lo > 1 and time.monotonic() < deadline:
         mid = (lo + hi) // 2
