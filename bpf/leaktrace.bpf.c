@@ -1,8 +1,9 @@
 /* leaktrace's kernel half (BCC): every mmap/munmap/mremap/brk (and SysV shmat/shmdt) of the target process set.
  *
  * Fast path: a successful plain mmap becomes an entry of `regions` (address-keyed, per process);
- * a munmap or mremap that exactly matches an entry is settled here, so a balanced map/unmap
- * workload sends nothing to user space. Everything the kernel cannot settle by one key lookup
+ * a munmap or mremap that exactly matches an entry is settled here (an entry born after the process's
+ * last slow event that may have cut it: `targets`), so a balanced map/unmap workload sends nothing to
+ * user space. Everything the kernel cannot settle by one key lookup
  * (partial unmaps, unmaps spanning regions, MAP_FIXED overlays, brk, fork/exec/exit) goes to
  * user space through a ring buffer whose wake-ups are batched; the user-space interval ledger
  * (leaktrace/probes/bpf/ledger.py) resolves it, ordering both sides with the `seq` timestamps.
@@ -118,9 +119,17 @@
 #define LT_SHM_EXEC 0100000ULL
 #define LT_MAX_ERRNO 4095
 
-/* host tgid (and tid of threads) -> 0, or, in a PID namespace, the parent's namespace tgid while the
- * child's FORK event is still to be sent */
-BPF_HASH(targets, u32, u32, 65536);
+/* host tgid (and tid of threads) -> struct lt_target: in a PID namespace, the parent's namespace tgid while the
+ * child's FORK event is still to be sent; and the process's `dirty` seq: that of its last slow event that may unmap or
+ * map over kernel-owned regions (a munmap or mremap not settled here, a MAP_FIXED mmap, shmat, shmdt). Until user
+ * space applies such an event, a region it cut is still whole in `regions`, and a later exact munmap or mremap of
+ * that region's key would be settled against what it no longer is (its head unmapped and the hole mapped again, a
+ * piece moved away): only regions born after the process's last such event are settled here; older ones go to
+ * user space, after it. Kept in `targets`, whose lookup every traced call makes anyway. */
+BPF_HASH(targets, u32, struct lt_target, 65536);
+/* tgid (user-space numbering) -> the same `dirty` seq, for user space (which knows no host pid in a PID namespace);
+ * written on the slow path only. */
+BPF_HASH(dirty_seqs, u32, u64, 65536);
 #ifdef LT_PIDNS_INO
 #ifndef LT_PIDNS_DEV
 #error "LT_PIDNS_INO needs LT_PIDNS_DEV"
@@ -128,12 +137,6 @@ BPF_HASH(targets, u32, u32, 65536);
 BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for */
 #endif
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
-/* tgid (user-space numbering) -> seq of its last slow event that may unmap or map over kernel-owned regions (a
- * munmap or mremap not settled here, a MAP_FIXED mmap, shmat, shmdt). Until user space applies such an event, a
- * region it cut is still whole in `regions`, and a later exact munmap or mremap of that region's key would be
- * settled against what it no longer is (its head unmapped and the hole mapped again, a piece moved away): only
- * regions born after the process's last such event are settled here; older ones go to user space, after it. */
-BPF_HASH(dirty, u32, u64, 65536);
 /* The traced call an exit program is handling, per CPU: the program runs to its end on one CPU, and the record
  * does not fit the BPF stack beside the event built from it. */
 BPF_PERCPU_ARRAY(calls, struct lt_call, 1);
@@ -167,17 +170,15 @@ static __always_inline void count(u32 idx)
         *v += 1;
 }
 
-/* A slow event that may cut kernel-owned regions of `tgid` (see `dirty`). */
+/* A slow event of the current process (`tgid`: user-space numbering) that may cut its kernel-owned regions (see
+ * `targets`). */
 static __always_inline void mark_dirty(u32 tgid, u64 seq)
 {
-    dirty.update(&tgid, &seq);
-}
-
-/* May the kernel settle an exact munmap/mremap of `r` (no slow event of the process may have cut it)? */
-static __always_inline int settles(u32 tgid, struct lt_region *r)
-{
-    u64 *d = dirty.lookup(&tgid);
-    return !d || r->seq > *d;
+    u32 host_tgid = bpf_get_current_pid_tgid() >> 32;
+    struct lt_target *t = targets.lookup(&host_tgid);
+    if (t)
+        t->dirty = seq;
+    dirty_seqs.update(&tgid, &seq);
 }
 
 static __always_inline u64 page_up(u64 len)
@@ -359,6 +360,7 @@ struct lt_ids {
     u32 tid;
     u32 host_tgid;
     u32 host_tid;
+    u64 dirty;  /* the process's lt_target.dirty */
 };
 
 /* Is the current task traced? Fills `ids` (user-space numbering) when it is. */
@@ -369,36 +371,40 @@ static __always_inline int current_ids(struct lt_ids *ids)
     ids->host_tgid = tgid;
     ids->host_tid = (u32)id;
 #ifndef LT_PIDNS_INO
-    if (!targets.lookup(&tgid))
+    struct lt_target *t = targets.lookup(&tgid);
+    if (!t)
         return 0;
     ids->tgid = tgid;
     ids->tid = (u32)id;
+    ids->dirty = t->dirty;
     return 1;
 #else
     struct bpf_pidns_info ns = {};
-    u32 *parent = targets.lookup(&tgid);
+    struct lt_target *t = targets.lookup(&tgid);
     /* Fails (and so does not trace) for tasks of any other PID namespace. */
     if (bpf_get_ns_current_pid_tgid(LT_PIDNS_DEV, LT_PIDNS_INO, &ns, sizeof(ns)) != 0)
         return 0;
     ids->tgid = ns.tgid;
     ids->tid = ns.pid;
-    if (!parent) {
+    if (!t) {
         u32 nstgid = ns.tgid;
         if (!ns_targets.lookup(&nstgid))
             return 0;
-        u32 zero = 0;
-        targets.update(&tgid, &zero);
+        struct lt_target fresh = {};
+        targets.update(&tgid, &fresh);
+        ids->dirty = 0;
         return 1;
     }
-    if (*parent) {
+    ids->dirty = t->dirty;
+    if (t->parent) {
         /* First traced event of a child born traced: now its namespace pid is known. */
         struct lt_event ev = {};
         ev.seq = bpf_ktime_get_ns();
         ev.type = LT_EV_FORK;
-        ev.tgid = *parent;
+        ev.tgid = t->parent;
         ev.aux_pid = ns.tgid;
         ev.stack_id = -1;
-        *parent = 0;
+        t->parent = 0;
         emit(&ev);
     }
     return 1;
@@ -434,6 +440,7 @@ static __always_inline struct lt_call *call_at_exit(void *ctx, struct lt_uregs *
     __builtin_memset(p, 0, sizeof(*p));
     p->tgid = ids.tgid;
     p->tid = ids.tid;
+    p->dirty = ids.dirty;
     p->ip = u->ip;
     if (u->sp)
         bpf_probe_read_user(&p->site, sizeof(p->site), (void *)u->sp);
@@ -554,7 +561,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     u64 len = page_up(args->len);
     struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = addr};
     struct lt_region *r = regions.lookup(&key);
-    if (r && r->len == len && settles(tgid, r)) {
+    if (r && r->len == len && r->seq > ids.dirty) {
         regions.delete(&key);
         count(LT_CNT_SETTLED);
         return 0;
@@ -596,7 +603,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = p->addr};
     struct lt_region *r = regions.lookup(&key);
     if (r && r->len == old_len && old_len != 0 && !(p->flags & (LT_MREMAP_FIXED | LT_MREMAP_DONTUNMAP))
-        && settles(tgid, r)) {
+        && r->seq > p->dirty) {
         /* The whole region grew, shrank or moved into space that was free: still the kernel's. */
         struct lt_region moved = *r;
         moved.len = new_len;
@@ -824,8 +831,8 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
     u32 child = args->child_pid;  /* a host pid */
     /* Threads are added too (their tid is never another live process's tgid) and removed at exit. */
 #ifndef LT_PIDNS_INO
-    u32 zero = 0;
-    targets.update(&child, &zero);
+    struct lt_target fresh = {};
+    targets.update(&child, &fresh);
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
     ev.type = LT_EV_FORK;
@@ -836,8 +843,8 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
     emit(&ev);
 #else
     /* The child's namespace pid is not known here: its first traced event sends the FORK. */
-    u32 parent = ids.tgid;
-    targets.update(&child, &parent);
+    struct lt_target fresh = {.parent = ids.tgid};
+    targets.update(&child, &fresh);
 #endif
     return 0;
 }
@@ -878,7 +885,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!args->group_dead)
         return 0;
     targets.delete(&tgid);
-    dirty.delete(&ids.tgid);
+    dirty_seqs.delete(&ids.tgid);
 #ifdef LT_PIDNS_INO
     ns_targets.delete(&ids.tgid);
 #endif

@@ -51,6 +51,15 @@
 #define LT_CNT_FAILED 7        /* syscalls that failed (nothing to account) */
 #define LT_NCOUNTERS 8
 
+/* A traced task: the value of `targets`, keyed by host pid (a process's own entry is its tgid's; its threads have
+ * theirs, for the exit of each). */
+struct lt_target {
+    __u32 parent;    /* in a PID namespace: the parent's namespace tgid while the child's FORK is still to be sent */
+    __u32 pad;
+    __u64 dirty;     /* seq of the process's last slow event that may have cut kernel-owned regions: only regions
+                      * born after it are settled in the kernel (bpf/leaktrace.bpf.c, `targets`) */
+};
+
 /* Address-space key of the in-kernel ledger. */
 struct lt_region_key {
     __u32 tgid;
@@ -84,6 +93,7 @@ struct lt_call {
     __u64 site;
     __u64 ip;
     __s64 stack_id;
+    __u64 dirty;     /* the process's lt_target.dirty at the call */
     __u32 tgid;      /* the caller as user space numbers it (its PID namespace's ids) */
     __u32 tid;
 };

@@ -18,7 +18,7 @@ import numpy as np
 
 from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_origin
-from leaktrace.probes.bpf.layout import COUNTERS, Range, Region, RegionKey
+from leaktrace.probes.bpf.layout import COUNTERS, Range, Region, RegionKey, Target
 from leaktrace.probes.bpf.ledger import OutstandingLedger
 from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
 
@@ -100,7 +100,7 @@ class KernelSide:
             # The kernel learns the host pid at the process's next traced call (bpf/leaktrace.bpf.c).
             self.prog[b"ns_targets"][ct.c_uint32(pid)] = ct.c_uint8(1)
         else:
-            self.prog[b"targets"][ct.c_uint32(pid)] = ct.c_uint32(0)
+            self.prog[b"targets"][ct.c_uint32(pid)] = Target()
 
     def untarget_all(self) -> None:
         """No process is traced any more once the calls already past their entry have finished."""
@@ -262,11 +262,11 @@ class KernelSide:
 
     def dirty_seq(self, tgid: int) -> int:
         """The seq of ``tgid``'s last slow event that may have cut kernel-owned regions (0: none; the kernel's
-        `dirty` map, bpf/leaktrace.bpf.c). No program: 0."""
+        `dirty_seqs`, bpf/leaktrace.bpf.c). No program: 0."""
         if self.prog is None:
             return 0
         try:
-            return int(self.prog[b"dirty"][ct.c_uint32(tgid)].value)
+            return int(self.prog[b"dirty_seqs"][ct.c_uint32(tgid)].value)
         except (KeyError, TypeError):
             return 0
 

@@ -30,6 +30,10 @@ NFSTATS = 4
 FAULT_STATS = ["fault_writes", "fault_sampled", "fault_dropped", "fault_windows"]
 
 
+class Target(ct.Structure):
+    _fields_ = [("parent", ct.c_uint32), ("pad", ct.c_uint32), ("dirty", ct.c_uint64)]
+
+
 class RegionKey(ct.Structure):
     _fields_ = [("tgid", ct.c_uint32), ("pad", ct.c_uint32), ("start", ct.c_uint64)]
 
