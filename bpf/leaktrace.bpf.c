@@ -127,9 +127,6 @@
  * piece moved away): only regions born after the process's last such event are settled here; older ones go to
  * user space, after it. Kept in `targets`, whose lookup every traced call makes anyway. */
 BPF_HASH(targets, u32, struct lt_target, 65536);
-/* tgid (user-space numbering) -> the same `dirty` seq, for user space (which knows no host pid in a PID namespace);
- * written on the slow path only. */
-BPF_HASH(dirty_seqs, u32, u64, 65536);
 #ifdef LT_PIDNS_INO
 #ifndef LT_PIDNS_DEV
 #error "LT_PIDNS_INO needs LT_PIDNS_DEV"
@@ -170,15 +167,13 @@ static __always_inline void count(u32 idx)
         *v += 1;
 }
 
-/* A slow event of the current process (`tgid`: user-space numbering) that may cut its kernel-owned regions (see
- * `targets`). */
-static __always_inline void mark_dirty(u32 tgid, u64 seq)
+/* A slow event of the current process that may cut its kernel-owned regions (see `targets`). */
+static __always_inline void mark_dirty(u64 seq)
 {
     u32 host_tgid = bpf_get_current_pid_tgid() >> 32;
     struct lt_target *t = targets.lookup(&host_tgid);
     if (t)
         t->dirty = seq;
-    dirty_seqs.update(&tgid, &seq);
 }
 
 static __always_inline u64 page_up(u64 len)
@@ -525,7 +520,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
             count(LT_CNT_MAP_FULL);
     }
     if (p->flags & LT_MAP_FIXED)
-        mark_dirty(tgid, now);
+        mark_dirty(now);
     struct lt_event ev = {};
     ev.seq = now;
     ev.type = LT_EV_MMAP;
@@ -568,7 +563,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     }
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
-    mark_dirty(tgid, ev.seq);
+    mark_dirty(ev.seq);
     ev.type = LT_EV_MUNMAP;
     ev.tgid = tgid;
     ev.tid = tid;
@@ -637,7 +632,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
     }
     struct lt_event ev = {};
     ev.seq = now;
-    mark_dirty(tgid, now);
+    mark_dirty(now);
     ev.type = LT_EV_MREMAP;
     ev.tgid = tgid;
     ev.tid = tid;
@@ -780,7 +775,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_shmat)
     }
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
-    mark_dirty(p->tgid, ev.seq);  /* SHM_REMAP maps over what was there */
+    mark_dirty(ev.seq);  /* SHM_REMAP maps over what was there */
     ev.type = LT_EV_SHMAT;
     ev.tgid = p->tgid;
     ev.tid = p->tid;
@@ -810,7 +805,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_shmdt)
     count(LT_CNT_SYSCALLS);
     struct lt_event ev = {};
     ev.seq = bpf_ktime_get_ns();
-    mark_dirty(ids.tgid, ev.seq);
+    mark_dirty(ev.seq);
     ev.type = LT_EV_SHMDT;
     ev.tgid = ids.tgid;
     ev.tid = ids.tid;
@@ -885,7 +880,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (!args->group_dead)
         return 0;
     targets.delete(&tgid);
-    dirty_seqs.delete(&ids.tgid);
 #ifdef LT_PIDNS_INO
     ns_targets.delete(&ids.tgid);
 #endif

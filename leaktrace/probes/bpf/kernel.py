@@ -260,16 +260,6 @@ class KernelSide:
                 if val is not None and val.seq >= seq:
                     self._put_back(tgid, start, val)
 
-    def dirty_seq(self, tgid: int) -> int:
-        """The seq of ``tgid``'s last slow event that may have cut kernel-owned regions (0: none; the kernel's
-        `dirty_seqs`, bpf/leaktrace.bpf.c). No program: 0."""
-        if self.prog is None:
-            return 0
-        try:
-            return int(self.prog[b"dirty_seqs"][ct.c_uint32(tgid)].value)
-        except (KeyError, TypeError):
-            return 0
-
     def take_born_before(self, tgid: int, seq: int) -> list[tuple[int, Region, Origin]]:
         """Remove the kernel-owned regions of ``tgid`` born before ``seq`` (a fresh read of the map): each as
         (start, region, origin)."""

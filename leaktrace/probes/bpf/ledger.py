@@ -195,9 +195,12 @@ class OutstandingLedger:
 
     def relabel(self, pid: int, start: int, end: int, origin: Origin) -> None:
         """The pieces held in [start, end) came from ``origin``'s mapping (all but the reservations: a PROT_NONE
-        piece stays one). The extent held does not change."""
+        piece stays one, and a piece that is not one was committed since, when ``origin`` is a reservation).
+        The extent held does not change."""
         sp = self.space(pid)
         kinds = self.origins.origins
+        if origin.kind == "reserve":
+            origin = Origin("anon", origin.t_born, origin.site, origin.ip, origin.stack_id, origin.tid)
         oid = self.origins.intern(origin)
         for s, e, k, _t in sp.pieces(start, end):
             if kinds[k].kind != "reserve":

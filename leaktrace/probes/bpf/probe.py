@@ -64,6 +64,8 @@ MAX_BATCH = 8192
 # Seconds between drains when the last batch was not full: each drain with events reads the kernel's region
 # table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
+# How /proc/PID/maps names a shared anonymous mapping (MAP_SHARED | MAP_ANONYMOUS): PROT_NONE, a reservation too.
+SHARED_ANON = "/dev/zero (deleted)"
 # Events whose effect a maps read made after them already holds (see BpfProbe._seed).
 _SEEDED_TYPES = frozenset((EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MPROTECT, EV_SHMAT, EV_SHMDT))
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
@@ -189,9 +191,9 @@ class BpfProbe(ProbeBase):
         (FORK) or new image (EXEC) already running, so its events up to the read are both in the seed and in the
         ring. Those are not applied again (_SEEDED_TYPES): replayed over a state that already holds them, a move
         or a brk would apply twice, an mprotect undo a later mmap's protection. Its kernel-owned regions born
-        before the read leave the kernel: the seed holds what is left of them. Those born after its last event
-        that may have cut one (the kernel's `dirty` seq) are whole: their pieces keep their origin (but for the
-        PROT_NONE ones, reservations)."""
+        before the read leave the kernel: the seed holds what is left of them, and its pieces there take their
+        origin (but for the PROT_NONE ones, reservations; a piece mapped since into a hole one left is blamed on
+        it too)."""
         t = time.monotonic_ns()
         maps = _read_maps(pid)
         if maps is None:
@@ -201,12 +203,11 @@ class BpfProbe(ProbeBase):
         self._maps_refreshed[pid] = time.monotonic()
         # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
         self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
-                         t=t, reserved=[(m.start, m.end) for m in maps if not m.path and m.perms.startswith("---")])
+                         t=t, reserved=[(m.start, m.end) for m in maps
+                                        if m.path in ("", SHARED_ANON) and m.perms.startswith("---")])
         if self.kernel.prog is not None:
-            cut = self.kernel.dirty_seq(pid)
             for start, val, origin in self.kernel.take_born_before(pid, t):
-                if val.seq > cut:
-                    self.ledger.relabel(pid, start, start + val.len, origin)
+                self.ledger.relabel(pid, start, start + val.len, origin)
         libc = libc_code(maps)
         if libc is not None:
             self.kernel.set_runtime(pid, libc)
