@@ -23,6 +23,8 @@ from leaktrace.probes.bpf.addrspace import AddressSpace, Interval, Origin, Origi
 
 PAGE = 4096
 RESERVE = Origin("reserve")  # address space reserved PROT_NONE: no memory until committed
+# How /proc/PID/maps names a shared anonymous mapping (MAP_SHARED | MAP_ANONYMOUS).
+SHARED_ANON = "/dev/zero (deleted)"
 SYSV_PREFIX = "/SYSV"  # how /proc/PID/maps names a SysV segment's mapping ("/SYSV%08x (deleted)", the key)
 
 
@@ -194,16 +196,19 @@ class OutstandingLedger:
         return moved
 
     def relabel(self, pid: int, start: int, end: int, origin: Origin) -> None:
-        """The pieces held in [start, end) came from ``origin``'s mapping (all but the reservations: a PROT_NONE
-        piece stays one, and a piece that is not one was committed since, when ``origin`` is a reservation).
-        The extent held does not change."""
+        """The pre-existing pieces held in [start, end) that can be what is left of ``origin``'s mapping take its
+        origin: anonymous ones for an anonymous mapping, file-backed ones for a file's (a piece of another kind
+        was mapped there since). Reservations stay so, and a piece that is not one was committed since when
+        ``origin`` is a reservation. The extent held does not change."""
         sp = self.space(pid)
         kinds = self.origins.origins
+        anon = origin.kind != "file"
         if origin.kind == "reserve":
             origin = Origin("anon", origin.t_born, origin.site, origin.ip, origin.stack_id, origin.tid)
         oid = self.origins.intern(origin)
         for s, e, k, _t in sp.pieces(start, end):
-            if kinds[k].kind != "reserve":
+            o = kinds[k]
+            if o.preexisting and (o.path in ("", SHARED_ANON)) == anon and not o.path.startswith("["):
                 sp.put(s, e, oid, origin.t_born)
 
     def origin_before(self, pid: int, addr: int) -> Origin | None:

@@ -52,7 +52,7 @@ from leaktrace.probes.bpf.layout import (
     Event,
     WindowEvent,
 )
-from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.ledger import SHARED_ANON, MapEntry, OutstandingLedger, Symbolizer, page_up
 from leaktrace.probes.bpf.origins import GrowthOrigins, origin_of
 from leaktrace.probes.bpf.procread import _is_process, _read_maps, _start_brk
 from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
@@ -64,10 +64,9 @@ MAX_BATCH = 8192
 # Seconds between drains when the last batch was not full: each drain with events reads the kernel's region
 # table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
-# How /proc/PID/maps names a shared anonymous mapping (MAP_SHARED | MAP_ANONYMOUS): PROT_NONE, a reservation too.
-SHARED_ANON = "/dev/zero (deleted)"
 # Events whose effect a maps read made after them already holds (see BpfProbe._seed).
-_SEEDED_TYPES = frozenset((EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MPROTECT, EV_SHMAT, EV_SHMDT))
+# (An EXEC too: a child seeded at its FORK once it had exec'd holds the new image already.)
+_SEEDED_TYPES = frozenset((EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MPROTECT, EV_SHMAT, EV_SHMDT, EV_EXEC))
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
@@ -203,7 +202,7 @@ class BpfProbe(ProbeBase):
         self._maps_refreshed[pid] = time.monotonic()
         # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
         self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
-                         t=t, reserved=[(m.start, m.end) for m in maps
+                         t=t, reserved=[(m.start, m.end) for m in maps  # a shared one PROT_NONE too
                                         if m.path in ("", SHARED_ANON) and m.perms.startswith("---")])
         if self.kernel.prog is not None:
             for start, val, origin in self.kernel.take_born_before(pid, t):
