@@ -50,7 +50,7 @@ def main() -> None:
         for _ in range(args.reps):
             t0 = time.perf_counter()
             for _e in batch:
-                probe._refresh_maps(pid, force=True)
+                probe.seeds.refresh_maps(pid, force=True)
             old.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             for e in batch:

@@ -42,7 +42,7 @@ def mapping_child(tmp_path: Path, spawn) -> tuple[int, int, Path]:
 def test_maps_view_keeps_names_with_line_separators(tmp_path, spawn) -> None:
     pid, addr, path = mapping_child(tmp_path, spawn)
     probe = BpfProbe()  # nothing loaded: only its /proc side runs
-    probe._seed(pid)
+    probe.seeds.seed(pid)
     assert probe.symbols.frame(pid, addr).library == path.name
     seeded = [iv for iv in probe.ledger.intervals(pid) if iv.start <= addr < iv.end]
     assert len(seeded) == 1 and seeded[0].origin.preexisting

@@ -10,6 +10,7 @@ The probe composes objects it owns, each given what it uses at construction: the
 symbolizer; :class:`~.origins.GrowthOrigins` (heap growth's callers, from stack windows);
 :class:`~.kernel.KernelSide` (the loaded program, its ring and maps, the kernel-owned regions);
 :class:`~.hookpaths.HookPaths` (memory hooks' paths, learned and written to the kernel's maps);
+:class:`~.seeds.AddressSpaceSeeds` (each process's maps read as the ledger's seed, and re-read for names);
 :class:`~.snapshots.LibraryNames` and, from ``start``, :class:`~.snapshots.SnapshotRows` (the session
 rows, whose tables :mod:`.snapshots` lists). The probe keeps the lifecycle, the lock, the event queue
 and the order events are applied in.
@@ -52,11 +53,12 @@ from leaktrace.probes.bpf.layout import (
     Event,
     WindowEvent,
 )
-from leaktrace.probes.bpf.ledger import SHARED_ANON, MapEntry, OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
 from leaktrace.probes.bpf.origins import GrowthOrigins, origin_of
-from leaktrace.probes.bpf.procread import _is_process, _read_maps, _start_brk
+from leaktrace.probes.bpf.procread import _is_process
+from leaktrace.probes.bpf.seeds import AddressSpaceSeeds
 from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
-from leaktrace.probes.bpf.stackscan import StackScanner, libc_code, libc_code_of
+from leaktrace.probes.bpf.stackscan import StackScanner, libc_code_of
 from leaktrace.probes.bpf.sysvshm import ShmSizer
 
 # Events applied per drain: ~20 ms of Python work at bench_bpf's rates, the lock (and the tick) held briefly.
@@ -64,9 +66,6 @@ MAX_BATCH = 8192
 # Seconds between drains when the last batch was not full: each drain with events reads the kernel's region
 # table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
-# Events whose effect a maps read made after them already holds (see BpfProbe._seed).
-# (An EXEC too: a child seeded at its FORK once it had exec'd holds the new image already.)
-_SEEDED_TYPES = frozenset((EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_MPROTECT, EV_SHMAT, EV_SHMDT, EV_EXEC))
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
@@ -90,7 +89,8 @@ class BpfProbe(ProbeBase):
         self.hooks = HookPaths(self.kernel, self.symbols, self.scanner)
         self.faults = FaultSites(self.kernel, self.ledger, self.symbols, self.scanner,
                                  self.defines.get("LT_FAULT_SAMPLE", DEFAULT_SAMPLE))
-        self.libraries = LibraryNames(self.ledger, self.symbols, self._refresh_maps)
+        self.seeds = AddressSpaceSeeds(self.ledger, self.symbols, self.kernel, self.hooks)
+        self.libraries = LibraryNames(self.ledger, self.symbols, self.seeds.refresh_maps)
         self.writer: SnapshotRows | None = None  # made at start: it writes into the hunt's session
         self.lock = threading.RLock()
         # Threads other than the poll thread waiting for the lock (the tick, add_pid): Python's locks are
@@ -102,15 +102,11 @@ class BpfProbe(ProbeBase):
         self.ctx: HuntContext | None = None
         self._queue: list[Event] = []
         self._applied = 0  # events taken from the ring and applied (all batches)
-        self._maps_due: set[int] = set()  # processes that loaded a library in the batch being applied
         self._known: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._counters: dict[str, int] = {**dict.fromkeys(COUNTERS, 0), "shm_unsized": 0}
         self.shm_sizer = ShmSizer()
-        self._maps_refreshed: dict[int, float] = {}
-        # pid -> when its maps were last read as its seed (CLOCK_MONOTONIC ns, the events' clock): see _seed
-        self._seeded_at: dict[int, int] = {}
         self.attach_s: float | None = None  # from the compile's start to live
         self.compile_s: float | None = None
         self._build = loader.ProgramBuild(self.defines)  # compiled in the background from prepare()
@@ -183,38 +179,7 @@ class BpfProbe(ProbeBase):
         self._known.add(pid)
         self.kernel.set_runtime(pid, libc_code_of(pid))  # before tracing: see libc_code_of
         self.kernel.add_target(pid)
-        self._seed(pid)
-
-    def _seed(self, pid: int) -> None:
-        """The process's address space as /proc/PID/maps shows it now: traced since (add_target), or a child
-        (FORK) or new image (EXEC) already running, so its events up to the read are both in the seed and in the
-        ring. Those are not applied again (_SEEDED_TYPES): replayed over a state that already holds them, a move
-        or a brk would apply twice, an mprotect undo a later mmap's protection. Its kernel-owned regions born
-        before the read leave the kernel: the seed holds what is left of them, and its pieces there take their
-        origin (but for the PROT_NONE ones, reservations; a piece mapped since into a hole one left is blamed on
-        it too)."""
-        t = time.monotonic_ns()
-        maps = _read_maps(pid)
-        if maps is None:
-            return
-        self._seeded_at[pid] = t
-        self.symbols.set_maps(pid, maps)
-        self._maps_refreshed[pid] = time.monotonic()
-        # [vsyscall] sits in kernel space: no syscall of the process can map or unmap it.
-        self.ledger.seed(pid, [(m.start, m.end, m.path) for m in maps if m.end < 1 << 63], _start_brk(pid),
-                         t=t, reserved=[(m.start, m.end) for m in maps  # a shared one PROT_NONE too
-                                        if m.path in ("", SHARED_ANON) and m.perms.startswith("---")])
-        if self.kernel.prog is not None:
-            for start, val, origin in self.kernel.take_born_before(pid, t):
-                self.ledger.relabel(pid, start, start + val.len, origin)
-        libc = libc_code(maps)
-        if libc is not None:
-            self.kernel.set_runtime(pid, libc)
-        self._set_hook_code(pid, maps)
-
-    def _set_hook_code(self, pid: int, maps: list[MapEntry]) -> None:
-        """The hook learner sees every maps copy the probe reads (at seed and at refresh)."""
-        self.hooks.set_code(pid, maps)
+        self.seeds.seed(pid)
 
     def _poll_loop(self) -> None:
         full = False
@@ -315,30 +280,22 @@ class BpfProbe(ProbeBase):
                 continue
             self._apply(e, kmap, taken)
             rows.append(self.writer.event_row(e))
-        self._refresh_due_maps()
+        self.seeds.refresh_due_maps()
         self._counters["shm_unsized"] = self.shm_sizer.unsized
         if self.ctx is not None:
             self.ctx.session.append("bpf_events", rows)
         return len(batch) >= MAX_BATCH
 
-    def _refresh_due_maps(self) -> None:
-        """Libraries loaded during a batch: one /proc/PID/maps read per process per batch, not one per
-        library (importing torch maps hundreds). Nothing in a batch needs them before its end: names are
-        looked up at snapshot time."""
-        for pid in self._maps_due:
-            self._refresh_maps(pid, force=True)
-        self._maps_due.clear()
-
     def _apply(self, e: Event, kmap: dict, taken: set) -> None:
         pid = e.tgid
-        if e.type in _SEEDED_TYPES and e.seq < self._seeded_at.get(pid, 0):
-            return  # already in the process's seed (see _seed)
+        if self.seeds.holds(e):
+            return  # already in the process's seed (see AddressSpaceSeeds.seed)
         if e.type == EV_MMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             o = origin_of(e)
             self.ledger.mmap(pid, e.addr, e.len, self.origins.growth_origin(e, None) if o.kind == "anon" else o)
             if e.fd != (1 << 64) - 1 and e.prot & 4:
-                self._maps_due.add(pid)
+                self.seeds.library_loaded(pid)
         elif e.type == EV_MUNMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.ledger.munmap(pid, e.addr, e.len)
@@ -367,7 +324,7 @@ class BpfProbe(ProbeBase):
             if _is_process(child):
                 self.symbols.copy_maps(pid, child)
                 self._known.add(child)
-                self._seed(child)
+                self.seeds.seed(child)
                 if self.ctx is not None:
                     with self.ctx.targets.lock:
                         self.ctx.targets.pids.setdefault(child, pid)
@@ -380,7 +337,7 @@ class BpfProbe(ProbeBase):
             self.hooks.process_gone(pid)  # the new image may map no hook, or map it elsewhere
             self.origins.forget(pid)
             self.faults.forget(pid)
-            self._seed(pid)
+            self.seeds.seed(pid)
         elif e.type == EV_EXIT:
             code = None if e.flags & EXIT_NO_CODE else int(e.result)
             oom = bool(e.flags & EXIT_OOM) or self.kernel.oom_marked(pid, code)
@@ -388,7 +345,7 @@ class BpfProbe(ProbeBase):
                 self.writer.record_exit(pid, e.seq, kmap, code, oom)
             self.kernel.drop(kmap, pid, e.seq, taken)
             self.ledger.exit(pid, e.seq)
-            self._seeded_at.pop(pid, None)
+            self.seeds.forget(pid)
             self.shm_sizer.forget(pid)
             self._known.discard(pid)
             self.hooks.process_gone(pid)
@@ -396,7 +353,7 @@ class BpfProbe(ProbeBase):
             self.faults.forget(pid)
             self.kernel.forget_runtime(pid)
         elif e.type == EV_LIBMAP:
-            self._maps_due.add(pid)
+            self.seeds.library_loaded(pid)
 
     def _apply_shmat(self, e: Event, kmap: dict, taken: set) -> None:
         """A SysV segment attached: sized by the kernel (a segment a traced process created) or from /proc
@@ -408,13 +365,3 @@ class BpfProbe(ProbeBase):
         e.len = size = page_up(size)  # as the mapping (/proc/sysvipc/shm gives the segment's bytes)
         self.kernel.absorb(kmap, e.tgid, e.addr, e.addr + size, e.seq, taken)
         self.ledger.shmat(e.tgid, e.addr, size, origin_of(e, "shm"))
-
-    def _refresh_maps(self, pid: int, force: bool = False) -> None:
-        last = self._maps_refreshed.get(pid, 0.0)
-        if not force and time.monotonic() - last < 1.0:
-            return
-        maps = _read_maps(pid)
-        if maps is not None:
-            self.symbols.set_maps(pid, maps)
-            self._maps_refreshed[pid] = time.monotonic()
-            self._set_hook_code(pid, maps)
