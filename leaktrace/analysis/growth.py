@@ -14,7 +14,8 @@ thirds of the series: **decelerating** when the last third grows at most ``DECEL
 third's rate, each third is slower than the one before by at least ``1 - DECEL_STILL_FALLING``, *and* the
 slowing is not about to stop at a constant rate: the rate the thirds converge to when their excess over it
 decays geometrically (an exponential warm-up on top of a steady leak: c = (s1·s3 − s2²)/(s1 + s3 − 2·s2))
-stays below ``SUSTAINED_SHARE`` of the last third's rate. Such a rate is no leak figure
+stays below ``SUSTAINED_SHARE`` of the last third's rate, and the rates of a few segments fall along a trend by
+more than their scatter about it explains (``analysis/drift.py``: a stall of traffic is no plateau). Such a rate is no leak figure
 (:attr:`Rate.steady_mb_per_min` is 0): the verdict calls it a plateau when the last third is already
 below the leak rate, inconclusive otherwise ("hunt longer"), and states the projected plateau (the last
 third's rate falling on by the same ratio per third: a geometric series). **warm-up** when, not decelerating, the
@@ -37,14 +38,16 @@ growth with it (a leak per request under a load that varies: UCX's queue grows p
 with requests). The rate is then the whole series' Theil–Sen slope (the mean rate under the hunt's load). A
 warm-up under steady traffic still reads as one: its growth per request falls.
 
+**staircase**: repeated jumps of like size, never one down (``analysis/drift.py``), are a leak in batches, rated a
+batch per period between them; one jump is a step.
+
 **stopped**, **significance** and **bursty accumulation**: see ``analysis/series.py`` (growth that stopped
 inside the window is no leak; a rate's interval from the series' own noise; the mean rate of a series that
 only accumulates, in bursts).
 
-Why thirds and not a fitted model: over a minute, a saturating exponential, a 1/t slowdown and a warm-up
-on top of a linear leak all fit within noise; what tells them apart is whether the rate is *still falling
-at the end*. A slow warm-up on top of a leak may read as decelerating: it then reads inconclusive, never
-no-leak, and a longer hunt settles it (its thirds' rates agree once the warm-up is over).
+Why thirds and not one fitted curve: over a minute, a saturating exponential, a 1/t slowdown and a warm-up on
+a linear leak all fit within noise; what tells them apart is whether the rate is *still falling at the end*.
+A slow warm-up on a leak may read as decelerating: inconclusive, never no-leak; a longer hunt settles it.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from leaktrace.analysis.drift import rate_trend, staircase
 from leaktrace.analysis.series import INTERVAL_Z, Stop, bursty_rate, growth_stop, rate_interval
 from leaktrace.slope import theil_sen
 
@@ -149,7 +153,8 @@ def growth_shape(t: np.ndarray, y: np.ndarray, mean_thirds: bool = False) -> Sha
         return Shape("steady", thirds, edges[1])
     sustained = sustained_rate(s1, s2, s3)
     falling = s3 <= DECEL_LAST_SHARE * s1 and s2 <= DECEL_STILL_FALLING * s1 and s3 <= DECEL_STILL_FALLING * s2
-    if falling and sustained < SUSTAINED_SHARE * s3:
+    trend = rate_trend(t, y)
+    if falling and sustained < SUSTAINED_SHARE * s3 and (trend is None or trend.fall_z >= SHAPE_Z):
         # each further third grows by the ratio of the last two (geometric): what is left to grow
         r = s3 / s2 if s2 > 0 else 0.0
         left = s3 * w * r / (1.0 - r) if s3 > 0 and 0 < r < 1 else 0.0
@@ -275,7 +280,8 @@ def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float |
     if keep.sum() >= 3:
         t, y = t[keep], y[keep]
     slope, conf = theil_sen(t, y)
-    step, jump = _is_step(t, y, slope)
+    stair = staircase(t, y)
+    step, jump = _is_step(t, y, slope) if stair is None else (False, 0.0)
     mean = bursty_rate(t, y, slope) if not step and len(t) >= 2 else None
     shape = growth_shape(t, y, mean_thirds=mean is not None) if not step else None
     if shape is not None and work is not None and shape.kind in ("decelerating", "warm-up"):
@@ -288,6 +294,8 @@ def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float |
         # the warm-up is over: the rate is the last thirds' (a leak on top of a warm-up keeps its rate)
         fit = t >= shape.t_split
         slope, conf = shape.rate_per_s, theil_sen(t[fit], y[fit])[1]
+    elif stair is not None:  # a batch per period between batches (drift.staircase)
+        slope, conf, estimator = stair.rate_per_s, stair.confidence, "staircase"
     elif mean is not None:
         slope, estimator = mean, "mean-increment"
     lower, upper = rate_interval(t[fit], y[fit], slope) if fit.sum() >= 2 else (-np.inf, np.inf)

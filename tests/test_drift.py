@@ -1,0 +1,69 @@
+"""The series model of analysis/drift.py on the shapes it must tell apart: a leak whose traffic stalls in
+the middle of the window is no plateau forming; a plateau forming still is; growth in repeated batches is
+rated a batch per period, one batch is a step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leaktrace.analysis.drift import rate_trend, staircase
+from leaktrace.analysis.growth import rate
+
+MB = 1024 * 1024
+
+
+def _from_rates(per_min: list[float], seg_s: float = 10.0, noise_mb: float = 0.05, seed: int = 1):
+    """A series sampled every second whose rate is ``per_min[k]`` MB/min in its k-th segment."""
+    rnd = np.random.default_rng(seed)
+    t = np.arange(0.0, seg_s * len(per_min) + 1e-9, 1.0)
+    rates = np.array(per_min)[np.minimum((t // seg_s).astype(int), len(per_min) - 1)] / 60.0
+    y = 100.0 + np.concatenate([[0.0], np.cumsum(rates[1:])]) + rnd.normal(0, noise_mb, len(t))
+    return t, y * MB
+
+
+def test_a_leak_with_a_stall_and_a_slower_end_is_no_plateau():
+    # like the real pair's worker by ninths of a 90 s hunt: 10 s without traffic in the middle, a slower end
+    # (its thirds fall 20 -> 16 -> 9 MB/min: a plateau's by the thirds alone)
+    for seed in range(1, 5):
+        t, y = _from_rates([20.0, 20.0, 20.0, 0.0, 16.0, 16.0, 16.0, 8.7, 7.6], seed=seed, noise_mb=0.1)
+        r = rate(t, y, warmup_s=0.0)
+        assert not r.decelerating, r.shape
+        assert r.steady_mb_per_min > 10.0
+        tr = rate_trend(t, y)
+        assert tr is not None and tr.fall_z < 2.576
+
+
+def test_a_plateau_forming_still_decelerates():
+    t = np.arange(0.0, 91.0)
+    y = (100.0 + 30.0 * (1.0 - np.exp(-t / 30.0))) * MB
+    r = rate(t, y, warmup_s=0.0)
+    assert r.decelerating and r.steady_mb_per_min == 0.0
+    tr = rate_trend(t, y)
+    assert tr is not None and tr.fall_z > 3.0
+
+
+def test_batches_are_rated_a_batch_per_period():
+    t = np.arange(0.0, 61.0)
+    period, batch = 23.4, 19.5
+    y = (50.0 + batch * np.floor((t + 7.0) / period)) * MB
+    st = staircase(t, y)
+    assert st is not None and st.jumps == 2
+    assert abs(st.rate_per_s * 60 / MB - batch / period * 60) < 0.05 * batch / period * 60
+    r = rate(t, y, warmup_s=0.0)
+    assert not r.step and r.estimator == "staircase" and r.confidence > 0.9
+
+
+def test_one_batch_is_a_step_and_a_walk_no_staircase():
+    t = np.arange(0.0, 61.0)
+    y = np.where(t < 30, 50.0, 53.0) * MB
+    assert staircase(t, y) is None and rate(t, y, warmup_s=0.0).step
+    rnd = np.random.default_rng(3)
+    walk = (80.0 + np.cumsum(rnd.normal(0.0, 0.2, len(t)))) * MB
+    assert staircase(t, walk) is None
+
+
+def test_batches_that_fall_back_are_no_staircase():
+    t = np.arange(0.0, 61.0)
+    y = (50.0 + 10.0 * np.floor(t / 20.0)) * MB
+    y[45:] -= 25.0 * MB  # a pool shrinks: not a leak's staircase
+    assert staircase(t, y) is None
