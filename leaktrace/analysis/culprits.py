@@ -39,6 +39,7 @@ from leaktrace.analysis.heldfiles import held_candidates
 from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pinned import recognise as recognise_pinned
 from leaktrace.analysis.pyobjects import fold_native, type_growth
+from leaktrace.analysis.retention import in_use_flat
 from leaktrace.analysis.retention import recognise as recognise_retention
 from leaktrace.analysis.rules import Rule, load_rules, render_template
 from leaktrace.analysis.threadstacks import recognise as recognise_thread_stacks
@@ -108,6 +109,7 @@ class Findings:
     doubtful_pids: set[int]
     pyheap: dict[int, dict[str, Any]]
     stopping: dict[int, str] = field(default_factory=dict)  # pid -> a ledger growth that stopped too late to tell
+    in_use_flat: dict[int, str] = field(default_factory=dict)  # pid -> why its RSS growth is no leak (retention.py)
 
 
 def _slowing(c: Candidate) -> bool:
@@ -186,12 +188,24 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     # (libc / interpreter malloc, /proc-only): the same memory, not separate leaks.
     ledger = fold_native(python, ledger, types)
     watcher = uncovered_watcher(fold_native(python, watcher, types), ledger + touch, python)
+    flat = in_use_flat(reader, procs, info, _other_growth(ledger), th) if ledger_ran else {}
+    watcher = [c for c in watcher if c.pid not in flat]  # RSS growth that nothing the process holds makes
     held = held_candidates(reader, info, th)  # memory held by descriptors: in no RSS, so in no other candidate
     cands = ledger + touch + pinned + python + watcher + held
     culprits = [explain(c, rules, reader) for c in _order(cands)]
-    leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)}
-    doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} | set(stopping)) - leaking
-    return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap, stopping)
+    leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)} - set(flat)
+    doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} - set(flat)
+                | set(stopping)) - leaking
+    return Findings(culprits, cands, ledger_ran, leaking, doubtful, pyheap, stopping, flat)
+
+
+def _other_growth(ledger: list[Candidate]) -> dict[int, float]:
+    """pid -> MB/min of the ledger's candidates outside malloc's heap (what malloc's books do not count)."""
+    out: dict[int, float] = {}
+    for c in ledger:
+        if c.kind not in ("malloc-heap", "allocator-retention"):
+            out[c.pid] = out.get(c.pid, 0.0) + _window_rate(c)
+    return out
 
 
 def _attribute_by_address(reader: TableSource, cands: list[Candidate], warnings: list[str]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from leaktrace.analysis.candidates import THRESHOLDS, Candidate
+from leaktrace.analysis.candidates import THRESHOLDS, Candidate, clears
 from leaktrace.analysis.growth import Rate, rate
 from leaktrace.session import TableSource
 
@@ -80,3 +80,41 @@ def _facts(last: dict[str, Any]) -> dict[str, str]:
     return {"arenas": str(int(last["arenas"])), "cpus": str(int(last.get("host_cpus") or 0) or "?"),
             "cpu_limit": "none" if limit is None or pd.isna(limit) or limit < 0 else f"{limit:.1f} CPUs",
             "malloc_settings": str(last.get("settings") or "none set")}
+
+
+# A process's books speak for its whole window when this many complete reads cover this share of it.
+BOOKS_MIN_READS = 6
+BOOKS_MIN_COVER = 0.5
+
+
+def in_use_flat(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[str, Any]],
+                other_growth: dict[int, float], th: dict[str, float] = THRESHOLDS) -> dict[int, str]:
+    """pid -> the line that says why, for each process whose RSS grows at the leak rate while nothing it
+    holds does: malloc's memory in use does not grow at the leak rate (its books cover the window) and the
+    eBPF ledger saw no other memory (mappings outside the heap, ``other_growth``: MB/min) grow at it. The RSS
+    then grows by first touch of memory malloc already handed out, or by free memory it keeps: no leak. Python
+    interpreters are left out (their object arenas are mapped outside malloc's books: the Python heap's own
+    probe judges them), and so is every process when the ledger did not run (``other_growth`` is None)."""
+    out: dict[int, str] = {}
+    by_pid = books(reader)
+    for _, p in procs.iterrows():
+        pid = int(p["pid"])
+        b = by_pid.get(pid)
+        grows = max(float(p["rss_mb_per_min"]), float(p["anon_mb_per_min"]))
+        if b is None or info.get(pid, {}).get("python") or grows < th["leak_mb_per_min"]:
+            continue
+        live: Rate = b["live"]
+        span = float(p["t_last"] - p["t_first"])
+        if b["reads"] < BOOKS_MIN_READS or live.span_s < BOOKS_MIN_COVER * span:
+            continue
+        other = other_growth.get(pid, 0.0)
+        # in use grows when its rate clears the leak rate with its interval: a churner's live set walks about
+        # its bound, and a minute of that walk has a slope
+        if (clears(live.lower_mb_per_min, th["leak_mb_per_min"]) and _steady(live) >= th["leak_mb_per_min"]) \
+                or other >= th["leak_mb_per_min"]:
+            continue
+        out[pid] = (f"RSS grows {grows:.2f} MB/min but nothing it holds does: malloc's memory in use "
+                    f"{live.mb_per_min:+.2f} MB/min ({b['reads']} reads of its books), other mappings the eBPF "
+                    f"ledger traced {other:+.2f} MB/min: pages of memory malloc already holds being touched, "
+                    "or free memory it keeps; not a leak")
+    return out

@@ -137,6 +137,8 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
         return "leak", (f"{n} process(es) grow ≥ {th['leak_mb_per_min']} MB/min steadily (confidence ≥ "
                         f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step, not decelerating)"
                         + _plateaus(procs, {c["pid"] for c in findings.culprits}) + retained)
+    untouched = "".join(f"; pid {pid}: {line}" for pid, line in sorted((getattr(findings, "in_use_flat", {}) or {}).items()))
+    retained += untouched
     if kept:
         return "no-leak", "nothing in use grows at the leak rate" + retained
     plateaus = _plateaus(procs)
@@ -156,7 +158,7 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
                                 "hunt longer")
     if span >= th["no_leak_span_s"]:
         return "no-leak", (f"no process grows ≥ {th['leak_mb_per_min']} MB/min steadily over {span:.0f} s "
-                           "of observation" + plateaus)
+                           "of observation" + plateaus + untouched)
     return "inconclusive", (f"only {span:.0f} s observed; a no-leak verdict needs ≥ {th['no_leak_span_s']:.0f} s")
 
 
