@@ -29,7 +29,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 # The tables the verdict reads. Left out: raw event streams (bpf_events, gdb), /metrics, fault sampling and
 # the host's meminfo (another tenant's memory on a shared machine is no truth about these processes).
 KEPT = ("processes", "rollup", "class_usage", "region_events", "regions", "ledger_snapshots", "ledger_regions",
-        "ledger_exits", "bpf_stacks", "bpf_counters", "bpf_missed", "pyheap", "pyheap_types", "host_procs")
+        "ledger_exits", "bpf_stacks", "bpf_counters", "bpf_missed", "pyheap", "pyheap_types", "host_procs",
+        "malloc_state", "held_files")
 
 
 def build_generators() -> tuple[Path, Path]:
