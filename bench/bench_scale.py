@@ -1,0 +1,150 @@
+"""What `hunt` and `watch` cost as the node grows: N ∈ {1, 4, 12, 24} processes shaped like vLLM workers
+(tests/fixtures/torch_worker.py: real Python processes that import torch and churn tensors at a worker's
+munmap rate, glibc's mmap threshold at 4096), one of them leaking.
+
+    .venv/bin/python bench/bench_scale.py [--ns 1,4,12,24] [--hunt-s 30] [--watch-s 120] [--json F]
+
+Per N: one `leaktrace hunt --pid …×N --duration HUNT_S` — attach_s, ticks late, its CPU (itself and its
+helpers, from the kernel's accounting of the child tree) as a share of one core over its wall time, its peak
+RSS, the wall past the window (stop and report), first_named_s of the leak; then one `leaktrace watch --pid
+…×N --duration WATCH_S` — its CPU share after start-up and its steady RSS. The output ends with the fit of each
+cost against N (intercept + slope per target): a cost that grows faster than N shows as a poor fit or a
+large slope. The targets' own load makes the machine's: figures are ratios to the same run's N = 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = REPO / "tests" / "fixtures" / "torch_worker.py"
+VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
+LEAKTRACE = [sys.executable, "-m", "leaktrace"]
+LEAK_MB_MIN = 30.0
+
+
+def spawn_workers(n: int) -> list[subprocess.Popen]:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "4096", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([str(VLLM_PY), str(WORKER)] + (["--leak-mb-min", str(LEAK_MB_MIN)] if i == 0 else []),
+                              stdout=subprocess.PIPE, text=True, env=env) for i in range(n)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return procs
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _rss(pid: int) -> int:
+    try:
+        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_hunt(pids: list[int], seconds: float, out: Path) -> dict:
+    cpu0, t0 = _children_cpu(), time.monotonic()
+    args = [a for p in pids for a in ("--pid", str(p))]
+    h = subprocess.Popen([*LEAKTRACE, "hunt", *args, "--duration", str(seconds), "--no-live", "--format", "json",
+                          "--out", str(out), "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         cwd=REPO)
+    peak = 0
+    while h.poll() is None:  # the hunt's own RSS (its helpers are short-lived)
+        peak = max(peak, _rss(h.pid))
+        time.sleep(1.0)
+    err = h.stderr.read() if h.stderr else ""
+    wall, cpu = time.monotonic() - t0, _children_cpu() - cpu0
+    if h.returncode != 0:
+        raise RuntimeError(err[-2000:])
+    rep = json.loads((out / "report.json").read_text())
+    tc = rep.get("tick_costs") or {}
+    leak = next((c for c in rep["culprits"] if c["pid"] == pids[0]), None)
+    return {"attach_s": rep.get("attach_s"), "ticks": tc.get("ticks"), "late_ticks": tc.get("late_ticks"),
+            "cpu_s": round(cpu, 2), "core_share": round(cpu / wall, 4), "wall_past_window_s": round(wall - seconds, 1),
+            "peak_rss_mb": round(peak / 2**20, 1),
+            "verdict": rep["verdict"], "leak_named": leak is not None,
+            "leak_mb_per_min": leak and leak["mb_per_min"], "first_named_s": leak and leak.get("first_named_s"),
+            "false_culprits": sum(1 for c in rep["culprits"] if c["pid"] != pids[0])}
+
+
+def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0) -> dict:
+    args = [a for p in pids for a in ("--pid", str(p))]
+    w = subprocess.Popen([*LEAKTRACE, "watch", *args, "--duration", str(seconds), "--out", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    time.sleep(settle_s)  # imports and the probe's compile: not the steady cost
+
+    def cpu() -> float:
+        f = Path(f"/proc/{w.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    c0, t0, rss = cpu(), time.monotonic(), []
+    while w.poll() is None and time.monotonic() - t0 < seconds - settle_s - 2:
+        time.sleep(5)
+        rss.append(_rss(w.pid))
+    c1, t1 = cpu(), time.monotonic()
+    w.wait()
+    return {"core_share": round((c1 - c0) / (t1 - t0), 4), "rss_mb": round(float(np.median(rss[len(rss) // 2:])) / 2**20, 1)
+            if rss else None}
+
+
+def fit(ns: list[int], ys: list[float]) -> dict:
+    if len(ns) < 2:
+        return {}
+    slope, icpt = np.polyfit(ns, ys, 1)
+    pred = np.polyval([slope, icpt], ns)
+    ss = float(np.sum((np.array(ys) - np.mean(ys)) ** 2))
+    return {"intercept": round(float(icpt), 4), "per_target": round(float(slope), 5),
+            "r2": round(1 - float(np.sum((np.array(ys) - pred) ** 2)) / ss, 3) if ss > 0 else 1.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ns", default="1,4,12,24")
+    ap.add_argument("--hunt-s", type=float, default=30.0)
+    ap.add_argument("--watch-s", type=float, default=120.0)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    rows = []
+    for n in (int(x) for x in a.ns.split(",")):
+        procs = spawn_workers(n)
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                h = run_hunt([p.pid for p in procs], a.hunt_s, Path(d) / "hunt")
+                w = run_watch([p.pid for p in procs], a.watch_s, Path(d) / "watch")
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        rows.append({"n": n, "hunt": h, "watch": w})
+        print(f"N={n:3d} hunt: attach {h['attach_s']:.2f} s, late {h['late_ticks']}/{h['ticks']}, "
+              f"{h['core_share']:.3f} core, peak RSS {h['peak_rss_mb']:.0f} MB, +{h['wall_past_window_s']} s past "
+              f"the window, leak named {h['leak_named']} at {h['first_named_s']} s, {h['false_culprits']} false "
+              f"culprit(s) | watch: {w['core_share']:.4f} core, RSS {w['rss_mb']} MB", flush=True)
+    ns = [r["n"] for r in rows]
+    fits = {"hunt_core_share": fit(ns, [r["hunt"]["core_share"] for r in rows]),
+            "hunt_attach_s": fit(ns, [r["hunt"]["attach_s"] or 0.0 for r in rows]),
+            "watch_core_share": fit(ns, [r["watch"]["core_share"] for r in rows]),
+            "watch_rss_mb": fit(ns, [r["watch"]["rss_mb"] or 0.0 for r in rows])}
+    print("fits against N:", json.dumps(fits))
+    out = {"rows": rows, "fits": fits}
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
