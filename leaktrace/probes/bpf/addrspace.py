@@ -106,6 +106,10 @@ class AddressSpace:
         interval (a vLLM process holds thousands, most of them mapped before attach)."""
         return sum_by_origin(self._oids, self._starts, self._ends, self.origins.origins)
 
+    def columns(self) -> tuple[array, array, array, list[Origin]]:
+        """(starts, ends, origin ids, origins): the intervals as the machine-word columns they are kept in."""
+        return self._starts, self._ends, self._oids, self.origins.origins
+
     def rows(self) -> Iterator[tuple[int, int, Origin, int]]:
         """(start, end, interned origin, t_born) per interval: no object per interval."""
         origins = self.origins.origins

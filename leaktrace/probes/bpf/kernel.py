@@ -293,14 +293,19 @@ class KernelSide:
     def outstanding_totals(self) -> Iterator[tuple[int, Origin, int, int]]:
         """(pid, interned origin, bytes, regions) per call site outstanding, both halves: a snapshot's sums,
         reconciled as :meth:`outstanding` is."""
+        for pid, starts, ends, oids, origins in self.outstanding_columns():
+            for o, nbytes, n in sum_by_origin(oids, starts, ends, origins):
+                yield pid, o, nbytes, n
+
+    def outstanding_columns(self) -> Iterator[tuple[int, array, array, array, list[Origin]]]:
+        """(pid, starts, ends, origin ids, origins) per half of each process's outstanding intervals,
+        reconciled as :meth:`outstanding` is: machine-word columns, no Python step per interval."""
         kmap = self._reconciled_scan()
         korigins = self._korigins
         for tgid, kr in kmap.items():
-            for o, nbytes, n in sum_by_origin(kr.oids, kr.starts, kr.ends, korigins):
-                yield tgid, o, nbytes, n
+            yield tgid, kr.starts, kr.ends, kr.oids, korigins
         for pid, sp in list(self.ledger.spaces.items()):
-            for o, nbytes, n in sp.totals():
-                yield pid, o, nbytes, n
+            yield (pid, *sp.columns())
 
     def _reconciled_scan(self) -> dict[int, KernelRegions]:
         """The kernel regions now, with the ledger's pieces under regions the kernel saw born since the last
