@@ -152,3 +152,48 @@ def test_compact_smaps_parser_agrees_with_full_parser():
         full = procfs.parse_smaps(text)
         compact = procfs.parse_smaps_compact(text)
         assert [(m.start, m.end, m.perms, m.path, m.rss, m.anonymous) for m in full] == compact
+
+
+def test_pagemap_entries_decode_present_and_swapped_bits():
+    """Bit 63 present, bit 62 swapped, the low bits (PFN, soft-dirty, exclusive) ignored."""
+    import struct
+
+    from leaktrace.procfs.pagemap import count_present
+
+    entries = [1 << 63 | 0x1234, 0, 1 << 62 | 0x77, 1 << 63 | 1 << 55, 1 << 61, 1 << 63]
+    raw = struct.pack(f"<{len(entries)}Q", *entries)
+    assert count_present(raw) == (3, 1)
+    assert count_present(raw + b"\xff\xff") == (3, 1)  # a partial entry is no page
+    assert count_present(b"") == (0, 0)
+
+
+def test_pagemap_counts_the_pages_a_process_touched():
+    """A live mapping of 64 pages of which every third is written: exactly those are present; a process
+    gone is ProcessGone, not an empty figure."""
+    import ctypes
+    import subprocess
+    import sys
+
+    from leaktrace.procfs.pagemap import Pagemap, resident_bytes
+
+    page = procfs.PAGE_SIZE
+    m = mmap.mmap(-1, 64 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf = (ctypes.c_char * 1).from_buffer(m)
+    addr = ctypes.addressof(buf)
+    del buf
+    touched = range(0, 64, 3)
+    for i in touched:
+        m[i * page] = 1
+    try:
+        assert resident_bytes(os.getpid(), [(addr, addr + 64 * page), (addr, addr + page // 2),
+                                            (addr + page, addr + 3 * page)]) == [len(touched) * page, page, 0]
+    finally:
+        m.close()
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    pm = Pagemap(p.pid)  # open while it lives, read after it exits: the race a hunt's stop meets
+    p.kill()
+    p.wait()
+    with pm, pytest.raises(ProcessGone):
+        pm.resident(0x400000, 0x400000 + page)
+    with pytest.raises(ProcessGone):
+        Pagemap(p.pid)
