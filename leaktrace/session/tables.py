@@ -99,10 +99,13 @@ _DECLARED = (
                                 "stacks:i failed:i") + _cols("shm_unsized:i", since=2)
           + _cols("ring_pending:i kernel_regions:i header_kind:s")),
     # Outstanding bytes and regions by (pid, library, kind) at every snapshot and at each target's exit.
-    Table("ledger_snapshots", _cols("t:f pid:i library:s kind:s outstanding_bytes:i regions:i")),
-    # Outstanding regions at stop, and what each target held at its exit (at_exit; null: not recorded).
+    # resident_bytes: of those, present in RAM (pagemap); null where not read (probes/bpf/resident.py).
+    Table("ledger_snapshots", _cols("t:f pid:i library:s kind:s outstanding_bytes:i regions:i")
+          + _cols("resident_bytes:i", since=2)),
+    # Outstanding regions at stop, and what each target held at its exit (at_exit; null: not recorded);
+    # resident: its bytes present in RAM then (null: pre-existing, or the process gone).
     Table("ledger_regions", _cols("pid:i start:i end:i size:i library:s kind:s stack_key:s preexisting:b "
-                                  "t_born:f path:s") + _cols("at_exit:b", since=2)),
+                                  "t_born:f path:s") + _cols("at_exit:b", since=2) + _cols("resident:i", since=3)),
     # Slow-path events, as the ring buffer delivered them.
     Table("bpf_events", _cols("t:f type:s pid:i tid:i addr:i len:i new_addr:i new_len:i flags:i prot:i fd:i "
                               "site:i stack_key:s result:i child:i")),

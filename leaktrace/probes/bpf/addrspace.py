@@ -211,8 +211,8 @@ class AddressSpace:
         self.heap_start = self.heap_end = None
 
 
-def sum_by_origin(oids: array, starts: array, ends: array, origins: list[Origin]) -> list[tuple[Origin, int, int]]:
-    """(origin, bytes, intervals) per origin id in ``oids`` (machine-word columns of one process's intervals)."""
+def sum_by_id(oids: array, starts: array, ends: array) -> list[tuple[int, int, int]]:
+    """(origin id, bytes, intervals) per origin id in ``oids`` (machine-word columns of one process's intervals)."""
     if not oids:
         return []
     ids = np.frombuffer(oids, dtype=np.uint32)
@@ -220,4 +220,9 @@ def sum_by_origin(oids: array, starts: array, ends: array, origins: list[Origin]
     counts = np.bincount(ids)
     nbytes = np.zeros(len(counts), dtype=np.uint64)
     np.add.at(nbytes, ids, sizes)  # exact: a float bincount would round sums past 2**53
-    return [(origins[i], int(nbytes[i]), int(counts[i])) for i in np.flatnonzero(counts)]
+    return [(int(i), int(nbytes[i]), int(counts[i])) for i in np.flatnonzero(counts)]
+
+
+def sum_by_origin(oids: array, starts: array, ends: array, origins: list[Origin]) -> list[tuple[Origin, int, int]]:
+    """(origin, bytes, intervals) per origin id in ``oids`` (machine-word columns of one process's intervals)."""
+    return [(origins[i], nbytes, n) for i, nbytes, n in sum_by_id(oids, starts, ends)]

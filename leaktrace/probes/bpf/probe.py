@@ -214,6 +214,8 @@ class BpfProbe(ProbeBase):
         with self.lock:
             try:
                 self._drain_at_stop()
+                if self.writer is not None:
+                    self.writer.final = True  # the last snapshot reads every resident page, unbounded
                 self._snapshot()
                 if self.writer is not None:
                     self.writer.write_final()

@@ -11,10 +11,13 @@ Session tables written (``t`` = seconds since hunt start, as every table):
                      symbol (the site frame as text), frames ("\\n"-joined, innermost first: the syscall
                      instruction, the caller at the return address, then the frame-pointer walk)
 ``ledger_snapshots`` per tick and (pid, library, kind): t, pid, library, kind (anon|file|heap|shm: SysV shmat),
-                     outstanding_bytes, regions. Pre-existing mappings are not included.
+                     outstanding_bytes, regions, resident_bytes (of those, present in RAM: pagemap; null
+                     where not read: see probes/bpf/resident.py). Pre-existing mappings are not included.
 ``ledger_regions``   at stop, every outstanding region: pid, start, end, size, library, kind,
-                     stack_key, preexisting, t_born (NaN for pre-existing), path, at_exit (False); and
-                     when a target exits, what it held then (at_exit True)
+                     stack_key, preexisting, t_born (NaN for pre-existing), path, at_exit (False),
+                     resident (bytes present in RAM then, from pagemap; null for pre-existing regions
+                     and where the process was gone); and when a target exits, what it held then
+                     (at_exit True)
 ``ledger_exits``     one row per target that exited during the hunt: t, pid, outstanding_bytes, regions
                      (what it held at its exit; its last ``ledger_snapshots`` rows are at the same t),
                      exit_code (the kernel's wait status, -1 when it could not be read), oom (the OOM
@@ -36,10 +39,11 @@ from typing import Any
 
 from leaktrace import procfs
 from leaktrace.probes import HuntContext
-from leaktrace.probes.bpf.addrspace import Origin
+from leaktrace.probes.bpf.addrspace import Origin, sum_by_id
 from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
 from leaktrace.probes.bpf.layout import EV_FORK, EVENT_NAMES, SITE_EVENTS, Event
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.resident import RegionResidency, resident_by_origin
 from leaktrace.probes.bpf.stackscan import StackScanner
 
 
@@ -93,6 +97,7 @@ class SnapshotRows:
         self.symbols = symbols
         self.scanner = scanner
         self.header_kind = header_kind
+        self.final = False  # the stop's snapshot: resident pages read without the per-tick bound
 
     def _t(self, seq_ns: int) -> float:
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
@@ -107,21 +112,28 @@ class SnapshotRows:
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, counters: dict[str, int], ring_pending: int) -> None:
-        """Per-library totals now, and ``counters`` (read from the kernel just before) with the records
-        still queued (``ring_pending``)."""
+        """Per-library totals now, what of them is resident (every tick within the bound, all of it once
+        ``final`` is set: the stop's), and ``counters`` (read from the kernel just before) with the records still queued
+        (``ring_pending``)."""
         t = self.ctx.session.now()
-        groups: dict[tuple[int, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        groups: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0])
         sites: dict[tuple[int, int, int, int, str], int] = defaultdict(int)  # (pid, site, ip, stack_id, kind)
-        for pid, o, nbytes, n in self.kernel.outstanding_totals():
-            if not o.counted:
-                continue
-            g = groups[(pid, self.libraries.of(pid, o), o.kind)]
-            g[0] += nbytes
-            g[1] += n
-            if not o.preexisting and o.site:
-                sites[(pid, o.site, o.ip, o.stack_id, o.kind)] += nbytes
-        rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
-                for (pid, lib, kind), (b, n) in sorted(groups.items())]
+        for pid, starts, ends, oids, origins in self.kernel.outstanding_columns():
+            resident = resident_by_origin(pid, starts, ends, oids, origins, bounded=not self.final)
+            for oid, nbytes, n in sum_by_id(oids, starts, ends):
+                o = origins[oid]
+                if not o.counted:
+                    continue
+                g = groups[(pid, self.libraries.of(pid, o), o.kind)]
+                g[0] += nbytes
+                g[1] += n
+                # a figure missing leaves its group's unknown (null): never an undercount
+                g[2] = None if resident is None or g[2] is None else g[2] + resident.get(oid, 0)
+                if not o.preexisting and o.site:
+                    sites[(pid, o.site, o.ip, o.stack_id, o.kind)] += nbytes
+        rows = [{"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n,
+                 "resident_bytes": r}
+                for (pid, lib, kind), (b, n, r) in sorted(groups.items())]
         self.ctx.session.append("ledger_snapshots", rows)
         total = sum(r["outstanding_bytes"] for r in rows)
         self.ctx.session.append("bpf_counters", {"t": t, **counters, "ring_pending": ring_pending,
@@ -172,6 +184,7 @@ class SnapshotRows:
         t0 = self.ctx.session.meta["t0_monotonic"]
         region_rows = []
         stack_origin: dict[tuple[int, int], Origin] = {}
+        residency = RegionResidency()  # pages present now; null for a process already gone (an exit)
         for pid, start, end, o, t_born in items:
             if o.kind == "reserve":
                 continue
@@ -182,11 +195,13 @@ class SnapshotRows:
             region_rows.append({"pid": pid, "start": start, "end": end, "size": end - start, "library": lib,
                                 "kind": o.kind, "stack_key": key, "preexisting": o.preexisting,
                                 "t_born": math.nan if o.preexisting else t_born / 1e9 - t0,
-                                "path": o.path, "at_exit": at_exit})
+                                "path": o.path, "at_exit": at_exit,
+                                "resident": None if o.preexisting else residency.of(pid, start, end)})
             if len(region_rows) >= 50_000:  # bounded: hundreds of thousands of regions after a long hunt
                 self.ctx.session.append("ledger_regions", region_rows)
                 self.ctx.session.flush()
                 region_rows = []
+        residency.close()
         self.ctx.session.append("ledger_regions", region_rows)
         stack_rows = []
         for (pid, site), o in stack_origin.items():
@@ -214,6 +229,7 @@ class SnapshotRows:
                 g[0] += end - start
                 g[1] += 1
         t = self._t(seq)
+        # resident_bytes null: the exit took the pages; the last tick's figure is the last known
         self.ctx.session.append("ledger_snapshots", [
             {"t": t, "pid": pid, "library": lib, "kind": kind, "outstanding_bytes": b, "regions": n}
             for (lib, kind), (b, n) in sorted(groups.items())])
