@@ -74,6 +74,14 @@ def test_unjoined_thread_stacks_are_rated_by_resident_growth(spawn, spawner, tmp
     assert top["mapped_mb_per_min"] == pytest.approx(stacks_per_min * (8 * MB + 4 * KIB) / MB, rel=0.15)
     # the stacks mapped since attach and still held: those of the hunt's window, give or take its edges
     assert 0.8 * (kept1 - kept0) <= top["stacks_kept"] <= kept1 - kept0, (top["stacks_kept"], kept1 - kept0)
+    # two figures, named: the address space held (8 MiB and a guard page a stack) and what of it is resident,
+    # read from pagemap — the TLS each exited thread wrote, plus its descriptor and top frames (a few pages)
+    assert top["outstanding_bytes"] == pytest.approx(top["stacks_kept"] * (8 * MB + 4 * KIB), rel=0.02)
+    tls_held = top["stacks_kept"] * TLS_KIB * KIB
+    assert tls_held <= top["outstanding_resident_bytes"] <= 1.15 * tls_held, (top["outstanding_resident_bytes"],
+                                                                              tls_held)
+    assert any("read from /proc/" in e and "pagemap" in e for e in top["evidence"]), top["evidence"]
+    assert top["mapped_mb_per_min"] > 20 * top["mb_per_min"]
     assert "exited without pthread_join/pthread_detach" in top["finding"], top["finding"]
     assert f", {top['stacks_kept']} of threads that exited" in top["finding"], top["finding"]  # none alive
     assert "pthread_join" in top["remedy"] and "pool" in top["remedy"]

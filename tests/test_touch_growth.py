@@ -41,6 +41,9 @@ def test_region_mapped_before_attach_is_named_by_its_toucher(spawn, touch_bin, t
     assert (top["pid"], top["library"], top["touched_by"]) == (target.pid, "libtouch.so", "libtouch.so"), top
     assert top["mapped_before_attach"] is True
     assert top["region"]["size"] == REGION and "nr" in top["region"]["flags"], top["region"]
+    # its address space did not grow, what is resident did: both figures named
+    assert (top["outstanding_bytes"], top["mapped_mb_per_min"]) == (REGION, 0.0)
+    assert top["outstanding_resident_bytes"] == top["region"]["rss_last"] < REGION
     # the host binary's balanced churn is not a culprit, joined by address or otherwise
     assert all(c["library"] != "touch_growth" for c in rep["culprits"]), rep["culprits"]
     reader = SessionReader(tmp_path / "s")

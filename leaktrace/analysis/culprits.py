@@ -39,6 +39,7 @@ from leaktrace.analysis.heldfiles import held_candidates
 from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pinned import recognise as recognise_pinned
 from leaktrace.analysis.pyobjects import fold_native, type_growth
+from leaktrace.analysis.resident import add_figures as add_resident_figures
 from leaktrace.analysis.retention import in_use_flat
 from leaktrace.analysis.retention import recognise as recognise_retention
 from leaktrace.analysis.rules import Rule, load_rules, render_template
@@ -56,6 +57,8 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     fields = {
         "library": c.library, "pid": c.pid, "label": c.title, "mb_per_min": f"{c.mb_per_min:.2f}",
         "outstanding_mb": f"{c.outstanding_bytes / MB:.1f}" if c.outstanding_bytes else None, "cls": c.cls,
+        "resident_mb": f"{c.extra['outstanding_resident_bytes'] / MB:.1f}"
+        if c.extra.get("outstanding_resident_bytes") is not None else None,
         "paths": summarize_paths(c.paths) if c.paths else None,
         "owner": f"pid {c.pid} ({c.title})", "allocating_library": allocating_library(c.stack) or c.library,
         "ucx_effective": ucx_effective(reader, c.pid) if rule is not None and rule.id.startswith("ucx") else None,
@@ -76,6 +79,8 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     out: dict[str, Any] = {
         "kind": kind, "library": c.library, "pid": c.pid, "process_label": c.label, "process_title": c.title,
         "mb_per_min": round(c.mb_per_min, 4), "outstanding_bytes": int(c.outstanding_bytes),
+        "outstanding_resident_bytes": int(c.extra.get("outstanding_resident_bytes", c.outstanding_bytes)),
+        "mapped_mb_per_min": round(float(c.extra.get("mapped_mb_per_min", c.mb_per_min)), 4),
         "stack": c.stack, "python_stack": list(c.extra.get("python_stack") or []), "evidence": evidence,
         "remedy": remedy, "finding": finding,
         "rule": rule.id if rule else None, "rule_title": rule.title if rule else None,
@@ -88,7 +93,7 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
         out["measured_kind"] = c.extra["measured_kind"]  # what the ledger measured before it was named
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
-    for k in ("instance", "first_named_s", "python", "mapped_mb_per_min", "stacks_kept",
+    for k in ("instance", "first_named_s", "python", "stacks_kept",
               "touched_by", "mapped_before_attach", "region", "held_by", "live_mb_per_min", "retained_mb_per_min"):
         if k in c.extra:
             out[k] = c.extra[k]
@@ -192,6 +197,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     watcher = [c for c in watcher if c.pid not in flat]  # RSS growth that nothing the process holds makes
     held = held_candidates(reader, info, th)  # memory held by descriptors: in no RSS, so in no other candidate
     cands = ledger + touch + pinned + python + watcher + held
+    add_resident_figures(reader, cands)  # mapped and resident, named, on every culprit
     culprits = [explain(c, rules, reader) for c in _order(cands)]
     leaking = {int(p["pid"]) for _, p in procs.iterrows() if is_leaking(p, th)} - set(flat)
     doubtful = ({int(p["pid"]) for _, p in procs.iterrows() if is_doubtful(p, th)} - set(flat)

@@ -95,10 +95,11 @@ def touch_candidates(reader: TableSource, info: dict[int, dict], th: dict[str, f
             evidence.append("mapped MAP_NORESERVE: no commit is charged when it is mapped, only as pages are touched")
         out.append(Candidate(
             kind=kind, pid=int(r.pid), mb_per_min=rate, source="faults", library=lib, stack=[symbol],
-            evidence=evidence, outstanding_bytes=int(r.rss_last), cls=str(r.cls),
+            evidence=evidence, outstanding_bytes=int(r.size), cls=str(r.cls),
             label=p.get("label", "other"), title=p.get("title", "?"),
             # the region's size did not change: its address space did not grow, only what is resident
             extra={"touched_by": lib, "mapped_before_attach": True, "mapped_mb_per_min": 0.0,
+                   "outstanding_resident_bytes": int(r.rss_last),
                    "region": {"start": f"0x{int(r.start):x}", "size": int(r.size), "flags": flags,
                               "rss_first": int(r.rss_first), "rss_last": int(r.rss_last)}}))
     return out

@@ -17,7 +17,7 @@ from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.figures import Figures
 from leaktrace.analysis.growth import MB
 from leaktrace.analysis.report_types import Report
-from leaktrace.report import flamegraph
+from leaktrace.report import culprit_figures, flamegraph
 from leaktrace.report.flame_svg import flame_svg
 from leaktrace.report.reporter import TextReporter
 from leaktrace.report.stacks import call_path, collect_stacks
@@ -135,6 +135,7 @@ def render(report: Report, figures: Figures | None = None) -> str:
     ended = {p["pid"]: describe_exit(p.get("exit")) for p in report.get("processes", []) if p.get("exit")}
     call_paths = [call_path(c) for c in report.get("culprits", [])]
     return tpl.render(r=report, plots=plots, flame_source=flame_source, mb=MB, ended=ended, call_paths=call_paths,
+                      rates=culprit_figures.rates, held=culprit_figures.held,
                       flame_assets=flamegraph.assets() if views else "", flame_widget=flamegraph.widget("flamegraph", views))
 
 

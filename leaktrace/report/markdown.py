@@ -7,6 +7,7 @@ from typing import Any
 
 from leaktrace.analysis.exits import describe as describe_exit
 from leaktrace.analysis.report_types import Report
+from leaktrace.report.culprit_figures import held, rates
 from leaktrace.report.reporter import TextReporter
 from leaktrace.report.stacks import call_path
 
@@ -52,9 +53,10 @@ def render(report: Report) -> str:
     for i, c in enumerate(culprits[:MAX_CULPRITS], 1):
         py_types = [t["type"] for t in ((c.get("python") or {}).get("types") or [])[:3]]
         where = c.get("library") or ("Python objects: " + ", ".join(py_types) if py_types else "library not named")
+        (rate, mapped), amounts = rates(c), held(c)
         lines.append(f"**{i}. {c.get('rule_title') or c['kind']} — `{where}`** (pid {c['pid']} "
-                     f"{c.get('process_title') or c.get('process_label') or ''}{_instance(c)}): **{c['mb_per_min']:.2f} MB/min**"
-                     + (f", {c['outstanding_bytes'] / 2**20:.1f} MB outstanding" if c.get("outstanding_bytes") else "")
+                     f"{c.get('process_title') or c.get('process_label') or ''}{_instance(c)}): **{rate}**"
+                     + (f", {mapped}" if mapped else "") + (f"; {amounts}" if amounts else "")
                      + (f", named {c['first_named_s']:.1f} s after attach" if c.get("first_named_s") is not None
                         else ""))
         lines.append("")
