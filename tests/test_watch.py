@@ -105,6 +105,10 @@ def test_watch_end_to_end(tmp_path, spawn, target_bin):
         outstanding = [s for s in samples if s.name == "leaktrace_outstanding_bytes"
                        and s.labels["library"] == LIB and s.labels["pid"] == str(leaker.pid)]
         assert outstanding and outstanding[0].value > 4 << 20, text
+        # beside it, what of it is resident (pagemap): the library writes every page it maps
+        resident = [s.value for s in samples if s.name == "leaktrace_outstanding_resident_bytes"
+                    and s.labels == outstanding[0].labels]
+        assert resident and 0.9 * outstanding[0].value <= resident[0] <= outstanding[0].value, (resident, text)
         rss = [s for s in samples if s.name == "leaktrace_process_rss_bytes" and s.labels["pid"] == str(churner.pid)]
         assert rss and set(rss[0].labels) == {"pid", "label", "role", "instance"}
         assert by[("leaktrace_incidents_total", ())] >= 2

@@ -17,7 +17,7 @@ Metrics (all prefixed ``leaktrace_``):
   warnings_total                                                                  counter
 
 ``leaktrace watch`` serves its own set (WatchExporter, WATCH_METRICS below): per process (pid, label, role,
-instance) RSS, growth rate and leak state; outstanding bytes by (pid, library, kind); incidents and the
+instance) RSS, growth rate and leak state; outstanding bytes by (pid, library, kind), mapped and resident; incidents and the
 watch's own CPU seconds.
 """
 
@@ -213,7 +213,8 @@ def serve(port: int, addr: str, registry: Any) -> tuple[Any, Any]:
 
 # The metrics `leaktrace watch` serves (DESIGN.md, Watch): docs/grafana and docs/prometheus name only these.
 WATCH_METRICS = ("leaktrace_process_rss_bytes", "leaktrace_process_growth_bytes_per_second",
-                 "leaktrace_process_leak_state", "leaktrace_outstanding_bytes", "leaktrace_incidents_total",
+                 "leaktrace_process_leak_state", "leaktrace_outstanding_bytes",
+                 "leaktrace_outstanding_resident_bytes", "leaktrace_incidents_total",
                  "leaktrace_watch_cpu_seconds_total", "leaktrace_watch_targets")
 LEAK_STATES = {"ok": 0, "growing": 1, "leaking": 2, "confirmed": 3}
 
@@ -251,6 +252,13 @@ class _WatchCollector:
         for pid, lib, kind, b in snap["outstanding"]:
             out.add_metric([str(pid), str(lib), str(kind)], float(b))
         yield out
+        res = GaugeMetricFamily("leaktrace_outstanding_resident_bytes",
+                                "Of leaktrace_outstanding_bytes, the bytes present in RAM (/proc/PID/pagemap): "
+                                "what costs memory, where the other is address space.",
+                                labels=["pid", "library", "kind"])
+        for pid, lib, kind, b in snap.get("outstanding_resident", []):
+            res.add_metric([str(pid), str(lib), str(kind)], float(b))
+        yield res
         yield CounterMetricFamily("leaktrace_incidents", "Incidents written (deep hunts and exits).",
                                   value=float(snap["incidents_total"]))
         yield CounterMetricFamily("leaktrace_watch_cpu_seconds", "CPU time of the watch process itself.",
@@ -260,7 +268,7 @@ class _WatchCollector:
 class WatchExporter:
     """The Prometheus endpoint of `leaktrace watch`: ``snapshot()`` returns {"procs": [{pid, label, role,
     instance, rss, rss_per_s, anon_per_s, state}], "outstanding": [(pid, library, kind, bytes)],
-    "incidents_total", "cpu_s"}."""
+    "outstanding_resident": [(pid, library, kind, bytes)], "incidents_total", "cpu_s"}."""
 
     def __init__(self, port: int, addr: str | None, snapshot: Any) -> None:
         self.port = int(port)

@@ -294,10 +294,14 @@ class Watch:
         # Outstanding bytes by library: the watch's own eBPF ledger (since it attached) where it runs, else
         # the ledger of the process's deep hunt (what was mapped during that hunt).
         outstanding: dict[tuple[str, str, str], float] = {}
+        resident: dict[tuple[str, str, str], float] = {}  # of those, present in RAM (pagemap; when read)
         live_ledger = set()
         for pid in self.tracked:
             for r in self.ring.latest("ledger_snapshots", pid):
-                outstanding[(str(pid), str(r["library"]), str(r["kind"]))] = float(r["outstanding_bytes"])
+                key = (str(pid), str(r["library"]), str(r["kind"]))
+                outstanding[key] = float(r["outstanding_bytes"])
+                if r.get("resident_bytes") is not None:
+                    resident[key] = float(r["resident_bytes"])
                 live_ledger.add(pid)
         for inc in self.incidents:
             if inc.status == "deleted":
@@ -306,10 +310,13 @@ class Watch:
                 # What a live process holds: a process that ended holds nothing any more.
                 pid = c.get("pid")
                 if c.get("library") and pid in self.tracked and pid not in live_ledger:
-                    outstanding[(str(pid), str(c["library"]), str(c.get("kind")))] = float(
-                        c.get("outstanding_bytes") or 0)
+                    key = (str(pid), str(c["library"]), str(c.get("kind")))
+                    outstanding[key] = float(c.get("outstanding_bytes") or 0)
+                    if c.get("outstanding_resident_bytes") is not None:
+                        resident[key] = float(c["outstanding_resident_bytes"])
         ru = resource.getrusage(resource.RUSAGE_SELF)
         snap = {"procs": procs, "outstanding": [(*k, v) for k, v in outstanding.items()],
+                "outstanding_resident": [(*k, v) for k, v in resident.items()],
                 "incidents_total": self.incidents_total, "cpu_s": ru.ru_utime + ru.ru_stime}
         with self._snap_lock:
             self._snap = snap
