@@ -4,11 +4,13 @@ exact byte counts against the fixture's ground truth and against /proc/PID/maps 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from fixtures.bpf_harness import PAGE, Driver, Traced, bpf_lib, is_root, maps_ranges, smaps_sizes
 
 from leaktrace.analysis.ledger import ledger_summary, native_culprits
+from leaktrace.analysis.resident import pagemap_share
 
 pytestmark = [pytest.mark.bpf, pytest.mark.skipif(not is_root(), reason="BPF needs root")]
 
@@ -36,6 +38,22 @@ def assert_smaps_agrees(pid: int, reg) -> None:
     assert abs(ledger_total - proc_total) <= 0.01 * max(ledger_total, 1), (ledger_total, proc_total)
 
 
+def fault_unit(size: int) -> int:
+    """The bytes one write fault makes resident in an anonymous region of ``size``: a page, or the largest
+    transparent huge page folio enabled always (mTHP sizes) that fits."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage")
+    top_always = "[always]" in (thp / "enabled").read_text() if (thp / "enabled").exists() else False
+    unit = PAGE
+    for d in thp.glob("hugepages-*kB"):
+        if not (d / "enabled").is_file():  # a size for shmem only
+            continue
+        mode = (d / "enabled").read_text()
+        n = int(d.name[len("hugepages-"):-2]) * 1024
+        if n <= size and ("[always]" in mode or ("[inherit]" in mode and top_always)):
+            unit = max(unit, n)
+    return unit
+
+
 def test_stripped_library_raw_syscalls_exact(tmp_path, driver) -> None:
     lib = bpf_lib()
     assert b".symtab" not in lib.read_bytes(), "fixture library must be stripped"
@@ -59,6 +77,13 @@ def test_stripped_library_raw_syscalls_exact(tmp_path, driver) -> None:
     snaps = reader.table("ledger_snapshots")
     last = snaps[(snaps["t"] == snaps["t"].max()) & (snaps["library"] == "libbpfleak.so")]
     assert int(last[last["kind"] == "anon"]["outstanding_bytes"].sum()) == truth
+    # Resident: lt_leak writes one byte of each region, so one page (one folio) of each is in RAM, the
+    # rest only mapped — read from pagemap each tick and for each region at stop.
+    unit = fault_unit(size)
+    assert int(last[last["kind"] == "anon"]["resident_bytes"].sum()) == rounds * count * unit
+    assert (mine["resident"] == unit).all(), mine["resident"].tolist()
+    assert snaps.loc[snaps["library"] == "libbpfleak.so", "resident_bytes"].notna().all()
+    assert pagemap_share(snaps, driver.pid, "libbpfleak.so", "anon")[0] == pytest.approx(unit / size)
     culprits = [c for c in native_culprits(reader) if c["kind"] == "native-mmap"]
     assert culprits and culprits[0]["library"] == "libbpfleak.so" and culprits[0]["pid"] == driver.pid
     assert culprits[0]["outstanding_bytes"] == truth
