@@ -17,8 +17,6 @@ Where the resident bytes of a ledger culprit come from, best first (the evidence
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
@@ -130,5 +128,4 @@ def _ledger_resident(reader: TableSource, snaps: pd.DataFrame, c: Candidate, lib
         return
     resident = int(round(share * c.outstanding_bytes))
     c.extra["outstanding_resident_bytes"] = resident
-    line: dict[str, Any] = {"mapped": c.outstanding_bytes / MB, "resident": resident / MB}
-    c.evidence.append(f"{line['mapped']:.1f} MB mapped, {line['resident']:.1f} MB resident ({share:.1%}) {how}")
+    c.evidence.append(f"{c.outstanding_bytes / MB:.1f} MB mapped, {resident / MB:.1f} MB resident ({share:.1%}) {how}")
