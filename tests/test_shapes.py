@@ -64,3 +64,16 @@ def test_buffer_grown_by_mremap_names_the_grower(spawn, shapes_bin, tmp_path):
     assert moving and moving[0]["moves"] >= 1, rep["regions"]["growing_and_moving"]
     # nobody else is blamed for the same memory
     assert not [c for c in rep["culprits"] if c["library"] in (None, "libc.so.6") and c["mb_per_min"] > 0.2 * rate]
+
+
+def test_journal_grown_by_mremap_beside_balanced_decoys(spawn, shapes_bin, tmp_path):
+    """A journal grown by mremap(MREMAP_MAYMOVE) in 256 KiB steps, moving on about one grow in seven, while the
+    same library trims a raw-syscall over-allocation at both ends, trims a 4 MiB map at its tail, grows then
+    frees, shrinks by raw mremap then frees, and punches three holes, each tick: the ledger holds what the
+    process still maps of it, no more, at its rate."""
+    rep, pid, expected, rate = hunt_shape(spawn, shapes_bin, tmp_path, KIB_PER_S, "journal")
+    top = _top(rep, pid)
+    assert (top["kind"], top["library"]) == ("native-mmap", "libshape.so"), top
+    assert top["mb_per_min"] == pytest.approx(rate, rel=0.15)
+    assert top["outstanding_bytes"] == pytest.approx(expected, rel=0.05)
+    assert rep["ledger"]["outstanding_bytes"] == pytest.approx(expected, rel=0.05)
