@@ -3,9 +3,7 @@
 ``outstanding_bytes`` is address space (the ledger's intervals, mapped since attach and still held);
 ``outstanding_resident_bytes`` the part of it present in RAM. ``mb_per_min`` is the growth that costs RAM
 and ``mapped_mb_per_min`` the address-space growth; both are on every culprit, equal where the source
-measures one figure only (the Python heap, memory held by descriptors, /proc's resident growth). A ledger
-culprit's resident rate is its mapped rate times the resident share of what it holds (thread stacks keep
-the resident rate their own measurement gave).
+measures one figure only (the Python heap, memory held by descriptors, /proc's resident growth).
 
 Where the resident bytes of a ledger culprit come from, best first (the evidence names which):
 
@@ -130,7 +128,4 @@ def _ledger_resident(reader: TableSource, snaps: pd.DataFrame, c: Candidate, lib
         return
     resident = int(round(share * c.outstanding_bytes))
     c.extra["outstanding_resident_bytes"] = resident
-    if c.extra.get("measured_kind", c.kind) != "thread-stacks":  # thread stacks: resident rate measured already
-        # what costs RAM grows as the held bytes' resident share of what is mapped
-        c.mb_per_min = round(float(c.extra["mapped_mb_per_min"]) * share, 4)
     c.evidence.append(f"{c.outstanding_bytes / MB:.1f} MB mapped, {resident / MB:.1f} MB resident ({share:.1%}) {how}")
