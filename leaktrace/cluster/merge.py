@@ -76,6 +76,13 @@ def _culprit_key(c: dict[str, Any]) -> str:
     return f"{c.get('kind')}|{c.get('library') or 'label:' + str(c.get('process_label') or '?')}"
 
 
+def _with_contract_fields(c: dict[str, Any]) -> dict[str, Any]:
+    """A node's culprit with the fields a node of an earlier leaktrace does not write: no Python frames, and
+    its one figure named both mapped and resident."""
+    return {"python_stack": [], "outstanding_resident_bytes": int(c.get("outstanding_bytes") or 0),
+            "mapped_mb_per_min": float(c.get("mb_per_min") or 0.0), **c}
+
+
 def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any], dict[str, Any] | None]]
                   ) -> dict[str, Any]:
     nodes_out, processes, culprits, instances, warnings = [], [], [], [], []
@@ -91,7 +98,7 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
                 "reason": entry.get("reason") if not ok else None,
                 "verdict": rep.get("verdict") if ok else None,
                 # a node running an older leaktrace wrote no python_stack: none known there
-                "culprits": [{"python_stack": [], **_tag(c, entry)} for c in rep.get("culprits", [])] if ok else [],
+                "culprits": [_with_contract_fields(_tag(c, entry)) for c in rep.get("culprits", [])] if ok else [],
                 "no_targets": idle, "notes": list(entry.get("notes") or []), "leaktrace": entry.get("leaktrace"),
                 "session": entry.get("session"), "targets": entry.get("targets", []),
                 "duration_s": rep.get("duration_s") if rep else None,
