@@ -92,7 +92,9 @@ def in_use_flat(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[s
     """pid -> the line that says why, for each process whose RSS grows at the leak rate while nothing it
     holds does: malloc's memory in use does not grow at the leak rate (its books cover the window) and the
     eBPF ledger saw no other memory (mappings outside the heap, ``other_growth``: MB/min) grow at it. The RSS
-    then grows by first touch of memory malloc already handed out, or by free memory it keeps: no leak. Python
+    then grows by first touch of memory malloc already handed out, or by free memory it keeps: no leak. A
+    process whose RSS outgrows its anonymous memory at the leak rate (shared memory, files) is not judged by
+    malloc's books. Python
     interpreters are left out (their object arenas are mapped outside malloc's books: the Python heap's own
     probe judges them), and so is every process when the ledger did not run (``other_growth`` is None)."""
     out: dict[int, str] = {}
@@ -103,6 +105,8 @@ def in_use_flat(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[s
         grows = max(float(p["rss_mb_per_min"]), float(p["anon_mb_per_min"]))
         if b is None or info.get(pid, {}).get("python") or grows < th["leak_mb_per_min"]:
             continue
+        if float(p["rss_mb_per_min"]) - float(p["anon_mb_per_min"]) >= th["leak_mb_per_min"]:
+            continue  # shared or file memory grows too: outside malloc's books, not judged by them
         live: Rate = b["live"]
         span = float(p["t_last"] - p["t_first"])
         if b["reads"] < BOOKS_MIN_READS or live.span_s < BOOKS_MIN_COVER * span:
