@@ -10,8 +10,9 @@ it does (``int_mallinfo``): ``arena`` = Σ system_mem, ``fordblks`` = Σ (top + 
 ``uordblks`` = arena − fordblks in use, ``hblkhd`` = mmapped. Chunks in the threads' tcaches count as in use,
 as mallinfo2 counts them.
 
-The lists are read while the process changes them (no lock is taken): a walk that leaves the arena, loops or
-runs past MAX_CHUNKS gives up and the read says ``complete: False``.
+The lists are read while the process changes them (no lock is taken): a walk that leaves the arena or loops is
+tried again from the list's head (LIST_TRIES), and one that still fails, or runs past MAX_CHUNKS, makes the read
+say ``complete: False``.
 """
 
 from __future__ import annotations
@@ -145,38 +146,66 @@ def _arena(mem: _Chunks, arena: int, raw: bytes, o: dict[str, int], out: dict[st
         out["top"] += size
     fd_at = o["chunk_fd"]
     for i in range(NFASTBINS):
-        first = struct.unpack_from("<Q", raw, o["fastbins"] + 8 * i)[0]
-        out["fsmblks"] += _walk(mem, first, 0, fd_at, system, out, budget, safe_linking=True)
+        at = o["fastbins"] + 8 * i
+        walked = _list(mem, arena + at, struct.unpack_from("<Q", raw, at)[0], 0, fd_at, system, budget, True)
+        if walked is None:
+            out["complete"] = False
+            continue
+        out["fsmblks"] += walked[0]
+        out["fordblks"] += walked[0]
+        out["free_chunks"] += walked[1]
     for i in range(1, NBINS):
         # bin_at(av, i): a fake chunk whose fd/bk are bins[2(i-1)], bins[2(i-1)+1]
-        head = arena + o["bins"] + 16 * (i - 1) - fd_at
-        first = struct.unpack_from("<Q", raw, o["bins"] + 16 * (i - 1))[0]
-        _walk(mem, first, head, fd_at, system, out, budget, safe_linking=False)
+        at = o["bins"] + 16 * (i - 1)
+        walked = _list(mem, arena + at, struct.unpack_from("<Q", raw, at)[0], arena + at - fd_at, fd_at, system,
+                       budget, False)
+        if walked is None:
+            out["complete"] = False
+            continue
+        out["fordblks"] += walked[0]
+        out["free_chunks"] += walked[1]
 
 
-def _walk(mem: _Chunks, p: int, head: int, fd_at: int, system: int, out: dict[str, Any], budget: list[int],
-          safe_linking: bool) -> int:
-    """Adds the free chunks of one bin, from ``p`` along fd links to ``head`` (0: a fast bin's end), to
-    ``out``; the bytes walked. A fast bin's links are stored xor-ed with their own address >> 12 (glibc 2.32's
-    safe-linking)."""
-    walked = 0
+# A list that changed under its walk is walked again from its head, read anew: each list is then read whole
+# at its own moment (a churner changes some list every few microseconds, a list of a few hundred chunks takes
+# a millisecond to walk), and the sum is off by the few operations between the lists' moments.
+LIST_TRIES = 4
+
+
+def _list(mem: _Chunks, head_at: int, first: int, head: int, fd_at: int, system: int, budget: list[int],
+          safe_linking: bool) -> tuple[int, int] | None:
+    """(bytes, chunks) of one bin or fast bin, its first chunk ``first`` as the arena's snapshot holds it and
+    ``head_at`` where the arena keeps it; None when every try met a list changing under it."""
+    for attempt in range(LIST_TRIES):
+        if attempt:
+            first = mem.word(head_at)
+            if first is None:
+                return None
+        walked = _walk(mem, first, head, fd_at, system, budget, safe_linking)
+        if walked is not None or budget[0] <= 0:
+            return walked
+    return None
+
+
+def _walk(mem: _Chunks, p: int, head: int, fd_at: int, system: int, budget: list[int],
+          safe_linking: bool) -> tuple[int, int] | None:
+    """(bytes, chunks) of the free chunks of one list, from ``p`` along fd links to ``head`` (0: a fast bin's
+    end); None when the walk left the list (it changed under the read). A fast bin's links are stored xor-ed
+    with their own address >> 12 (glibc 2.32's safe-linking)."""
+    walked = chunks = 0
     seen: set[int] = set()
     while p != head:
         if p in seen or budget[0] <= 0 or not p:
-            out["complete"] = False
-            break
+            return None
         seen.add(p)
         budget[0] -= 1
         got = mem.size_and_link(p)
         if got is None:
-            out["complete"] = False
-            break
+            return None
         size, link = got
         if not MIN_CHUNK <= size <= system:  # a list changed under the read: not a chunk of this arena
-            out["complete"] = False
-            break
-        out["fordblks"] += size
-        out["free_chunks"] += 1
+            return None
         walked += size
+        chunks += 1
         p = link ^ ((p + fd_at) >> 12) if safe_linking else link
-    return walked
+    return walked, chunks
