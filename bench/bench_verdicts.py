@@ -48,6 +48,10 @@ def table(name: str, figs: dict[str, dict[str, Any]], bands: dict[str, list[dict
     lines += ["", "False alarms by class: " + "; ".join(
         f"{n} s clean {_pct(f['by_class']['clean'][0])} ({f['by_class']['clean'][1]}), bounded "
         f"{_pct(f['by_class']['bounded'][0])} ({f['by_class']['bounded'][1]})" for n, f in figs.items())]
+    lines += ["", "False alarms where the held memory rose through the window (a cache still filling, a sawtooth's "
+              "rise: nothing in the window tells it from a leak) and elsewhere: " + "; ".join(
+                  f"{n} s filling {_pct(f['by_class']['filling'][0])} ({f['by_class']['filling'][1]}), settled "
+                  f"{_pct(f['by_class']['settled'][0])} ({f['by_class']['settled'][1]})" for n, f in figs.items())]
     lines += ["", "Detection by leak-rate band (MB/min, the window's truth):", "",
               "| window | " + " | ".join(b["band"] for b in next(iter(bands.values()))) + " |",
               "|---|" + "---|" * len(next(iter(bands.values())))]

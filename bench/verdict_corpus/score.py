@@ -8,7 +8,9 @@ Definitions (per split and window length):
 - library_right_rate: of those called, the share whose first culprit is the leak's library.
 - rate_error_median / _p90: |reported - truth| / truth of the leak culprit, over the windows called with the
   library right (truth: the slope of the bytes the generator leaked over the window).
-Each with a 95% interval: Wilson for shares, a seeded bootstrap for the rate errors."""
+Each with a 95% interval: Wilson for shares, a seeded bootstrap for the rate errors. False alarms are also
+given apart for the quiet windows whose held memory rose through the window (``filling``: windows.held_filling)
+and the rest (``settled``)."""
 
 from __future__ import annotations
 
@@ -67,9 +69,11 @@ def figures(df: pd.DataFrame) -> dict[str, Any]:
           "library_right_rate": wilson(lib, len(called)), "rate_error_median": boot(err, 0.5),
           "rate_error_p90": boot(err, 0.9)}
     counts = {"quiet": len(quiet), "false_alarms": fa, "leaks": len(leaks), "detected": det}
-    by_class = {c: (float(quiet.loc[quiet["label"] == c, "called"].mean()) if (quiet["label"] == c).any() else math.nan,
-                    f"{int(quiet.loc[quiet['label'] == c, 'called'].sum())}/{int((quiet['label'] == c).sum())}")
-                for c in ("clean", "bounded")}
+    filling = quiet["filling"].astype(bool) if "filling" in quiet else pd.Series(False, index=quiet.index)
+    parts = {"clean": quiet["label"] == "clean", "bounded": quiet["label"] == "bounded",
+             "filling": filling, "settled": ~filling}
+    by_class = {c: (float(quiet.loc[m, "called"].mean()) if m.any() else math.nan,
+                    f"{int(quiet.loc[m, 'called'].sum())}/{int(m.sum())}") for c, m in parts.items()}
     return {"figures": out, "ci": ci, "counts": counts, "by_class": by_class}
 
 

@@ -107,6 +107,7 @@ class Window:
     b: float
     label: str  # clean | bounded | leak
     truth_mb_per_min: float
+    filling: bool = False  # a clean or bounded window whose held memory rose through it (see held_filling)
 
 
 def _slope(t: np.ndarray, y: np.ndarray) -> float:
@@ -123,6 +124,21 @@ def _covered(t: np.ndarray, a: float, b: float) -> bool:
     if len(t) < 2:
         return False
     return bool(t[0] - a <= TRUTH_GAP_S and b - t[-1] <= TRUTH_GAP_S and np.diff(t).max() <= TRUTH_GAP_S)
+
+
+FILLING_MB_PER_MIN = 1.0  # the verdict's leak rate
+
+
+def held_filling(t: np.ndarray, held: np.ndarray) -> bool:
+    """Whether the memory a noise holds rose through the window: its slope over the window clears the leak rate
+    and its last third still rises at half that slope or more (no plateau, no drop reached inside the window).
+    Such a window of a bounded noise (a cache still filling, a sawtooth's rise, a live set still growing) shows
+    nothing that tells it from a leak that starts and stops with it: its false alarms are counted apart."""
+    if len(t) < 6 or np.ptp(t) <= 0:
+        return False
+    whole = _slope(t, held) * 60 / MB
+    tail = t >= t[0] + 2 * np.ptp(t) / 3
+    return whole >= FILLING_MB_PER_MIN and _slope(t[tail], held[tail]) * 60 / MB >= 0.5 * whole
 
 
 def noise_label(spec: dict[str, Any]) -> str:
@@ -153,8 +169,9 @@ def cut(split: Split, lengths: tuple[int, ...] = LENGTHS) -> Iterator[Window]:
                 start = float(before["leaked"].iloc[-1]) if not before.empty else 0.0
                 grew = not inside.empty and float(inside["leaked"].max()) > start
                 rate = _slope(inside["t"].to_numpy(float), inside["leaked"].to_numpy(float)) * 60 / MB
+                filling = not grew and held_filling(inside["t"].to_numpy(float), inside["held"].to_numpy(float))
                 yield Window(split.name, pid, spec["name"], length, a, b,
-                             "leak" if grew else noise_label(spec), rate if grew else 0.0)
+                             "leak" if grew else noise_label(spec), rate if grew else 0.0, filling)
 
 
 def replay(split: Split, w: Window) -> dict[str, Any]:
@@ -169,7 +186,7 @@ def replay(split: Split, w: Window) -> dict[str, Any]:
     pick = ours[0] if ours else top
     proc = next((p for p in rep["processes"] if p["pid"] == w.pid), {})
     return {"split": w.split, "pid": w.pid, "name": w.name, "length": w.length, "a": w.a, "b": w.b,
-            "label": w.label, "truth_mb_per_min": w.truth_mb_per_min, "verdict": rep["verdict"],
+            "label": w.label, "truth_mb_per_min": w.truth_mb_per_min, "filling": w.filling, "verdict": rep["verdict"],
             "called": rep["verdict"] == "leak" and bool(mine),
             "library": top.get("library") if top else None,
             "library_right": bool(top and top.get("library") == LEAK_LIBRARY),
