@@ -63,17 +63,17 @@ class GrowthOrigins:
         return self._scanned_origin(e, o, kind, window)
 
     def _scanned_origin(self, e: Event, o: Origin, kind: str | None, window: bytes) -> Origin:
-        """The origin from a scan of ``window`` for the first return address outside libc/ld.so (see
-        :meth:`growth_origin`); ``o`` when there is none."""
-        inner = self.scanner.return_addresses(e.tgid, window, to_caller=True)
+        """The origin from a scan of ``window`` for the caller of the C runtime (StackScanner.live_caller);
+        ``o`` when there is none."""
+        chain = self.scanner.return_addresses(e.tgid, window)
         if kind is None:
-            kind = "heap" if self.scanner.via_malloc(e.tgid, inner) else "anon"
+            kind = "heap" if self.scanner.via_malloc(e.tgid, chain) else "anon"
             o = origin_of(e, kind)
-        caller = self.scanner.caller(e.tgid, inner)
+        caller = self.scanner.live_caller(e.tgid, chain)
         if caller is None:
             return o
         if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown
-            self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window)
+            self.scanner.chains[(e.tgid, caller)] = chain
         return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
 
     def hook_caller_of(self, tgid: int, v: Region) -> Origin | None:

@@ -9,9 +9,9 @@ and the syscall wrappers; and a memory hook, UCX's libucm, whose sbrk and mmap s
 kernel when its hooks are on) is the code that called malloc — even when that library is stripped and built
 with ``-fomit-frame-pointer``.
 
-A stale word (a return address left by an earlier, deeper call) can pass the test; the innermost frames
-of a growth are glibc's, which keep no foreign code addresses, so in practice the first foreign one is
-the live caller. The chain shown for a call site (:meth:`StackScanner.verified_chain`) keeps only the
+A stale word (a return address left by an earlier, deeper call) can pass the test, and glibc's frames can
+hold one (libffi's, under a library called through ctypes): of the first few foreign return addresses, the
+caller is the first whose call lands in the C runtime (:meth:`StackScanner.live_caller`), else the first. The chain shown for a call site (:meth:`StackScanner.verified_chain`) keeps only the
 frames a call can have reached: an indirect call, or a direct call whose target (through a PLT stub and a
 jump written at the target, as memory hooks do) lies in the file of the verified frame below it. A stale
 word between two libraries (an interpreter's frame left between libucs and libucm) fails that test; a
@@ -37,6 +37,7 @@ MALLOC_FUNCTIONS = frozenset({"malloc", "calloc", "realloc", "reallocarray", "me
                               "aligned_alloc", "valloc", "pvalloc", "__libc_malloc", "__libc_calloc",
                               "__libc_realloc", "__libc_memalign", "__libc_valloc", "__libc_pvalloc"})
 MAX_FRAMES = 24  # return addresses kept per window
+CALLER_CANDIDATES = 3  # foreign return addresses looked at for the one whose call reaches the C runtime
 TOP_SITES_PER_PID = 8  # call sites published per process each tick (LiveFigures.bpf["top_sites"])
 _LOOKBACK = 7  # the longest call form looked at: ff 94 24 disp32 (call [rsp+disp32])
 
@@ -120,6 +121,7 @@ class StackScanner:
         self._malloc_addr: dict[tuple[int, int], bool] = {}  # (pid, libc return address) -> in malloc & co.
         self._frames: dict[tuple[str, int], int | None] = {}  # (file, -offset of a syscall's ip) -> frame size
         self._reaches: dict[tuple[int, int, int], bool | None] = {}  # (pid, return address, frame below)
+        self._calls_runtime: dict[tuple[int, int], bool] = {}  # (pid, return address) -> its call lands in it
         self._site_frames: dict[tuple[int, int, int], list[str]] = {}  # (pid, site, ip) -> its stack, as shown
 
     def _code_before(self, pid: int, m: MapEntry, addr: int) -> bytes:
@@ -333,6 +335,39 @@ class StackScanner:
             if self.in_runtime(pid, a) is False:
                 return a
         return None
+
+    def live_caller(self, pid: int, addrs: list[int]) -> int | None:
+        """The code that called the C runtime: of the first CALLER_CANDIDATES return addresses outside it, the
+        first whose call lands in it (a stale word left in malloc's frames by an earlier, deeper call does
+        not: libffi's, under a library called through ctypes), else the first of them (its call may reach the
+        runtime through a tail call: an interpreter's allocator wrapper)."""
+        foreign = [a for a in addrs if self.in_runtime(pid, a) is False][:CALLER_CANDIDATES]
+        return next((a for a in foreign if self.calls_runtime(pid, a)), foreign[0] if foreign else None)
+
+    def calls_runtime(self, pid: int, ret: int) -> bool:
+        """Does the call just before return address ``ret`` land in the C runtime or a memory hook: a direct
+        call (through a PLT stub), or a call through a GOT word (``call *disp(%rip)``: code built -fno-plt)?"""
+        key = (pid, ret)
+        hit = self._calls_runtime.get(key)
+        if hit is None:
+            target = self.call_target(pid, ret)
+            if target is None:
+                target = self._got_call_target(pid, ret)
+            hit = target is not None and bool(self._runtime_of(pid, target))
+            if len(self._calls_runtime) > 100_000:
+                self._calls_runtime.clear()
+            self._calls_runtime[key] = hit
+        return hit
+
+    def _got_call_target(self, pid: int, ret: int) -> int | None:
+        m = self.symbols.mapping(pid, ret)
+        if m is None:
+            return None
+        code = self._code_before(pid, m, ret)
+        if len(code) < 6 or code[-6:-4] != b"\xff\x15":
+            return None
+        word = read_bytes(pid, (ret + int.from_bytes(code[-4:], "little", signed=True)) & 0xFFFFFFFFFFFFFFFF, 8)
+        return int.from_bytes(word, "little") if len(word) == 8 else None
 
     def via_malloc(self, pid: int, addrs: list[int]) -> bool:
         """Do the C-runtime frames of a stack (innermost first) pass through malloc & co.?"""
