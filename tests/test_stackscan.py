@@ -11,7 +11,8 @@ import pytest
 
 from leaktrace import procfs
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
-from leaktrace.probes.bpf.stackscan import StackScanner, ends_with_call
+from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.probes.bpf.x86code import ends_with_call
 
 
 @pytest.mark.parametrize("code", [
@@ -118,7 +119,7 @@ def test_chain_keeps_only_frames_a_call_reached() -> None:
 
 
 def test_frame_from_epilogue_of_glibc_wrappers():
-    from leaktrace.probes.bpf.stackscan import frame_from_epilogue
+    from leaktrace.probes.bpf.x86code import frame_from_epilogue
 
     # glibc 2.36 mremap after its syscall: cmp/ja, the stack-protector check, add $0x58,%rsp; ret
     mremap = bytes.fromhex("483d00f0ffff7758" "488b542418" "64482b142528000000" "755d" "4883c458" "c3")
