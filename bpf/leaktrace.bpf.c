@@ -139,6 +139,9 @@ BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
 BPF_PERCPU_ARRAY(calls, struct lt_call, 1);
 BPF_HASH(sites, struct lt_site_key, s64, LT_MAX_SITES);
 BPF_HASH(runtime, u32, struct lt_range, 65536);  /* tgid (user-space numbering) -> libc's code */
+/* tgid -> the code of an allocator preloaded or linked in glibc malloc's place (jemalloc, tcmalloc): its
+ * mmaps are malloc's, blamed on the code that called malloc like glibc's own */
+BPF_HASH(allocator_code, u32, struct lt_range, 65536);
 BPF_HASH(hooks, u32, struct lt_hook, 65536);      /* tgid (user-space numbering) -> its memory hook, once mapped */
 BPF_HASH(hook_sites, struct lt_hook_key, u64, 16384);                 /* learned: see struct lt_hook_key */
 BPF_HASH(hook_paths, struct lt_hook_key, struct lt_hook_path, 16384);
@@ -265,10 +268,14 @@ static __always_inline void emit_window(struct lt_event *ev)
         *sent += 1;
 }
 
-/* Is a return address inside the process's libc code (the `runtime` map user space fills)? */
+/* Is a return address inside the process's libc code or its allocator's (the `runtime` and `allocator_code`
+ * maps user space fills)? */
 static __always_inline int called_from_libc(u32 tgid, u64 site)
 {
     struct lt_range *r = runtime.lookup(&tgid);
+    if (r && site >= r->start && site < r->end)
+        return 1;
+    r = allocator_code.lookup(&tgid);
     return r && site >= r->start && site < r->end;
 }
 

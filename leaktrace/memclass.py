@@ -12,8 +12,16 @@ CLASSES = ("heap", "arena", "anon", "stack", "shm", "file", "lib", "driver", "sp
 _LIB_RE = re.compile(r"\.so(\.[0-9.]+)?( \(deleted\))?$|\.so[.-]")
 _DRIVER_PREFIXES = ("/dev/nvidia", "/dev/infiniband", "/dev/dri", "/dev/kfd", "/dev/accel", "/dev/hugepages", "/dev/uverbs", "/dev/gdrdrv", "/dev/xpmem", "/dev/knem", "anon_inode:")
 _SPECIAL = {"[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]", "[uprobes]"}
-# The C runtime and the dynamic loader: never "the library that allocated" (malloc, mmap, brk wrappers).
-LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]")
+# Allocators preloaded or linked in glibc malloc's place: malloc itself, whoever calls it.
+ALLOCATOR_LIBRARIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("jemalloc", re.compile(r"^libjemalloc[.-]")),
+    ("tcmalloc", re.compile(r"^libtcmalloc(_minimal)?(_debug)?[.-]")),
+    ("mimalloc", re.compile(r"^libmimalloc[.-]")),
+)
+ALLOCATOR_LIBRARY = re.compile("|".join(p.pattern for _, p in ALLOCATOR_LIBRARIES))
+# The C runtime, the dynamic loader and an allocator in malloc's place: never "the library that allocated"
+# (malloc, mmap, brk wrappers).
+LIBC_LIBRARY = re.compile(r"^(libc|libpthread|ld-linux)[.-]|" + ALLOCATOR_LIBRARY.pattern)
 # A library that replaces mmap & co. in the whole process (UCX's memory hooks, libucm, hashed in wheels): on the
 # path of every mmap, sbrk and munmap of a hooked process, so its frames say nothing about who keeps memory.
 MEMORY_HOOK_LIBRARY = re.compile(r"^libucm(-[0-9a-f]{8})?\.so")

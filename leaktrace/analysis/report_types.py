@@ -53,6 +53,7 @@ class ProcessEntry(_ProcessRequired, total=False):
     instance: int | None
     growth_by_class: dict[str, float]
     python: dict[str, Any]  # GC state, when the Python-heap probe ran
+    allocator: str  # who serves malloc, where the malloc probe ran: "glibc" (books read), "jemalloc", "tcmalloc", "mimalloc"
     # effective UCX state, when UCX is mapped: {"settings": {UCX_*: value}, "sources", "hooks_active", "version"}
     ucx: dict[str, Any]
 

@@ -45,6 +45,23 @@ def books(reader: TableSource) -> dict[int, dict[str, Any]]:
     return out
 
 
+def other_allocators(reader: TableSource) -> dict[int, dict[str, str]]:
+    """pid -> the allocator the malloc probe found serving malloc in glibc's place (name, library, how,
+    settings: leaktrace/probes/mallocstate/allocators.py), from the session's probe summaries."""
+    summaries = reader.meta.get("probe_summaries") or {}
+    found = (summaries.get("malloc") or {}).get("allocators") or {}
+    return {int(pid): a for pid, a in found.items() if isinstance(a, dict)}
+
+
+def allocator_of(reader: TableSource) -> dict[int, str]:
+    """pid -> the allocator serving malloc, where the malloc probe knows: glibc's (its books were read) or
+    the one found in its place."""
+    ms = reader.table("malloc_state") if "malloc_state" in reader.tables() else pd.DataFrame()
+    out = dict.fromkeys((int(p) for p in ms["pid"].unique()), "glibc") if not ms.empty else {}
+    out.update({pid: a.get("name", "?") for pid, a in other_allocators(reader).items()})
+    return out
+
+
 def _steady(r: Rate) -> float:
     return 0.0 if r.step else r.mb_per_min
 
@@ -53,7 +70,11 @@ def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float]
     """``ledger`` with each malloc-heap candidate given its process's live and retained rates, and re-labelled
     ``allocator-retention`` where kept free memory, not memory in use, makes the growth."""
     by_pid = books(reader)
+    others = other_allocators(reader)
     for c in ledger:
+        if c.kind == "malloc-heap" and c.pid in others:
+            c.extra["allocator"] = str(others[c.pid].get("name", "?"))
+            c.evidence.insert(0, str(others[c.pid].get("line", "")))
         b = by_pid.get(c.pid)
         if c.kind != "malloc-heap" or b is None:
             continue

@@ -21,6 +21,7 @@ from leaktrace.analysis.host import add_host_culprit, host_block, host_memory
 from leaktrace.analysis.ledger import ledger_summary
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
 from leaktrace.analysis.report_types import Report
+from leaktrace.analysis.retention import allocator_of
 from leaktrace.session import TableSource
 
 REPORT_SCHEMA = "leaktrace.report/1"
@@ -208,6 +209,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         load.leak_per_load(extra["load"], culprits)
 
     processes = []
+    allocators = allocator_of(reader)
     for _, p in procs.iterrows():
         pid = int(p["pid"])
         row: dict[str, Any] = {
@@ -234,6 +236,8 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
             row["growth_by_class"] = {str(r.cls): round(float(r.mb_per_min), 4) for r in mine.itertuples()}
         if pid in findings.pyheap:
             row["python"] = findings.pyheap[pid]
+        if pid in allocators:
+            row["allocator"] = allocators[pid]  # who serves malloc: glibc (its books read) or one in its place
         ucx = ucx_settings(reader, pid)
         if ucx is not None:
             row["ucx"] = ucx  # effective UCX settings: compare tells from them what a remedy changed

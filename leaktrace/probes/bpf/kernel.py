@@ -110,17 +110,23 @@ class KernelSide:
         time.sleep(0.02)  # calls that passed their entry before the clear finish (their exit records them)
         self.prog[b"targets"].clear()
 
-    def set_runtime(self, pid: int, code: tuple[int, int] | None) -> None:
-        """libc's code in ``pid``: anonymous mmaps called from there take the slow path with a stack window
-        (bpf/leaktrace.bpf.c). Nothing without a loaded program, or without libc (None)."""
-        if self.prog is not None and code is not None:
+    def set_runtime(self, pid: int, code: tuple[int, int] | None, allocator: tuple[int, int] | None = None) -> None:
+        """libc's code in ``pid`` (and an allocator's in malloc's place): anonymous mmaps called from there take
+        the slow path with a stack window (bpf/leaktrace.bpf.c). Nothing without a loaded program; a range
+        that is None is left as it is."""
+        if self.prog is None:
+            return
+        if code is not None:
             self.prog[b"runtime"][ct.c_uint32(pid)] = Range(*code)
+        if allocator is not None:
+            self.prog[b"allocator_code"][ct.c_uint32(pid)] = Range(*allocator)
 
     def forget_runtime(self, pid: int) -> None:
-        try:
-            del self.prog[b"runtime"][ct.c_uint32(pid)]
-        except (KeyError, TypeError):
-            pass
+        for name in (b"runtime", b"allocator_code"):
+            try:
+                del self.prog[name][ct.c_uint32(pid)]
+            except (KeyError, TypeError):
+                pass
 
     def oom_marked(self, pid: int, code: int | None) -> bool:
         """A SIGKILLed process the OOM killer marked just after its exit event was sent (the kernel sends the

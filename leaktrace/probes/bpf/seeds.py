@@ -24,7 +24,7 @@ from leaktrace.probes.bpf.layout import (
 )
 from leaktrace.probes.bpf.ledger import SHARED_ANON, MapEntry, OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.procread import _read_maps, _start_brk
-from leaktrace.probes.bpf.stackscan import libc_code
+from leaktrace.probes.bpf.stackscan import allocator_code, libc_code
 
 # Events whose effect a maps read made after them already holds (see AddressSpaceSeeds.seed).
 # (An EXEC too: a child seeded at its FORK once it had exec'd holds the new image already.)
@@ -65,9 +65,9 @@ class AddressSpaceSeeds:
         if self.kernel.prog is not None:
             for start, val, origin in self.kernel.take_born_before(pid, t):
                 self.ledger.relabel(pid, start, start + val.len, origin)
-        libc = libc_code(maps)
-        if libc is not None:
-            self.kernel.set_runtime(pid, libc)
+        libc, allocator = libc_code(maps), allocator_code(maps)
+        if libc is not None or allocator is not None:
+            self.kernel.set_runtime(pid, libc, allocator)
         self._set_hook_code(pid, maps)
 
     def holds(self, e: Event) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from leaktrace.memclass import LIBC_LIBRARY, MEMORY_HOOK_LIBRARY
+from leaktrace.memclass import ALLOCATOR_LIBRARY, LIBC_LIBRARY, MEMORY_HOOK_LIBRARY
 from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 from leaktrace.probes.bpf.procread import _read_maps
 from leaktrace.probes.bpf.x86code import (
@@ -236,7 +236,8 @@ class StackScanner:
         return self._class_of_file(m.path) is not None
 
     def _runtime_class(self, pid: int, addr: int) -> str | None:
-        """"libc" (libc, ld.so), "hook" (a memory hook) or None (anything else, or no named file)."""
+        """"libc" (libc, ld.so), "allocator" (one in glibc malloc's place), "hook" (a memory hook) or None
+        (anything else, or no named file)."""
         m = self.symbols.mapping(pid, addr)
         if m is None or not m.path or m.path.startswith("["):
             return None
@@ -245,7 +246,8 @@ class StackScanner:
     def _class_of_file(self, path: str) -> str | None:
         if path not in self._runtime:
             name = os.path.basename(path.removesuffix(" (deleted)"))
-            self._runtime[path] = ("libc" if LIBC_LIBRARY.match(name) else
+            self._runtime[path] = ("allocator" if ALLOCATOR_LIBRARY.match(name) else
+                                   "libc" if LIBC_LIBRARY.match(name) else
                                    "hook" if MEMORY_HOOK_LIBRARY.match(name) else None)
         return self._runtime[path]
 
@@ -319,7 +321,9 @@ class StackScanner:
                 if hit is None:
                     if len(self._malloc_addr) > 100_000:
                         self._malloc_addr.clear()
-                    hit = self._malloc_addr[(pid, a)] = self.symbols.frame(pid, a).symbol in MALLOC_FUNCTIONS
+                    # an allocator in glibc's place maps nothing but malloc's memory (its functions are local)
+                    hit = self._malloc_addr[(pid, a)] = (self._runtime_class(pid, a) == "allocator"
+                                                         or self.symbols.frame(pid, a).symbol in MALLOC_FUNCTIONS)
                 if hit:
                     return True
         return False
@@ -331,6 +335,15 @@ def libc_code_of(pid: int) -> tuple[int, int] | None:
     otherwise go without its stack window, be blamed on libc, and a region it moves would keep that name."""
     maps = _read_maps(pid)
     return libc_code(maps) if maps is not None else None
+
+
+def allocator_code(maps: list[MapEntry]) -> tuple[int, int] | None:
+    """The executable mapping (start, end) of an allocator in glibc malloc's place (jemalloc, tcmalloc,
+    mimalloc), if mapped."""
+    for m in maps:
+        if "x" in m.perms and ALLOCATOR_LIBRARY.match(os.path.basename(m.path)):
+            return m.start, m.end
+    return None
 
 
 def libc_code(maps: list[MapEntry]) -> tuple[int, int] | None:

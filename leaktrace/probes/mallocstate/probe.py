@@ -12,6 +12,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntOptions, RereadingProbe
+from leaktrace.probes.mallocstate.allocators import other_allocator
 from leaktrace.probes.mallocstate.glibc import GlibcMalloc, locate, read_malloc_state
 
 READ_EVERY_TICKS = 3
@@ -25,6 +26,7 @@ class MallocStateProbe(RereadingProbe):
         super().__init__(options)
         self._where: dict[int, GlibcMalloc | str] = {}
         self._facts: dict[int, dict[str, Any]] = {}
+        self._allocators: dict[int, dict[str, str]] = {}  # pid -> the allocator serving malloc, not glibc's
         self._cpu_s = 0.0
         self._t0 = time.monotonic()
         self.reads = 0
@@ -40,7 +42,7 @@ class MallocStateProbe(RereadingProbe):
             try:
                 where = self._where.get(pid)
                 if where is None:
-                    where = self._where[pid] = locate(pid)
+                    where = self._where[pid] = self._locate(pid)
                     self._facts[pid] = process_facts(pid)
                 if isinstance(where, str):
                     continue
@@ -53,9 +55,18 @@ class MallocStateProbe(RereadingProbe):
             self.ctx.session.append("malloc_state", rows)
             self.reads += len(rows)
 
+    def _locate(self, pid: int) -> GlibcMalloc | str:
+        """glibc malloc's books in ``pid``, or why they cannot be read: another allocator serves malloc."""
+        other = other_allocator(procfs.read_maps(pid), procfs.read_environ(pid))
+        if other is not None:
+            self._allocators[pid] = other.as_dict()
+            return other.line()
+        return locate(pid)
+
     def summary(self) -> dict[str, Any]:
         return {"reads": self.reads, "cpu_s": round(self._cpu_s, 3),
-                "unreadable": {str(pid): why for pid, why in self._where.items() if isinstance(why, str)}}
+                "unreadable": {str(pid): why for pid, why in self._where.items() if isinstance(why, str)},
+                "allocators": {str(pid): a for pid, a in self._allocators.items()}}
 
 
 def process_facts(pid: int) -> dict[str, Any]:
