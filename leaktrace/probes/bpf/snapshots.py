@@ -98,6 +98,11 @@ class SnapshotRows:
         self.scanner = scanner
         self.header_kind = header_kind
         self.final = False  # the stop's snapshot: resident pages read without the per-tick bound
+        # Resident bytes per (pid, origins list) and origin id as the last tick read them, right after its drain.
+        # The stop's snapshot takes these: it comes after the targets are untargeted, and by then an interval can
+        # have moved (a buffer grown by mremap moves on most grows), its old range reading as 0. Only a process
+        # whose tick read nothing (over the per-tick bound) is read again at the stop, unbounded.
+        self._tick_resident: dict[tuple[int, int], dict[int, int] | None] = {}
 
     def _t(self, seq_ns: int) -> float:
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
@@ -119,7 +124,12 @@ class SnapshotRows:
         groups: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0])
         sites: dict[tuple[int, int, int, int, str], int] = defaultdict(int)  # (pid, site, ip, stack_id, kind)
         for pid, starts, ends, oids, origins in self.kernel.outstanding_columns():
-            resident = resident_by_origin(pid, starts, ends, oids, origins, bounded=not self.final)
+            key = (pid, id(origins))
+            resident = self._tick_resident.get(key) if self.final else None
+            if resident is None:  # intervals born since the last tick count as not resident at the stop
+                resident = resident_by_origin(pid, starts, ends, oids, origins, bounded=not self.final)
+            if not self.final:
+                self._tick_resident[key] = resident
             for oid, nbytes, n in sum_by_id(oids, starts, ends):
                 o = origins[oid]
                 if not o.counted:
