@@ -213,6 +213,9 @@ class BpfProbe(ProbeBase):
             self._thread.join(timeout=5)
         with self.lock:
             try:
+                if self.writer is not None:
+                    self._drain()
+                    self.writer.read_before_stop()
                 self._drain_at_stop()
                 if self.writer is not None:
                     self.writer.final = True  # the last snapshot reads every resident page, unbounded

@@ -98,10 +98,11 @@ class SnapshotRows:
         self.scanner = scanner
         self.header_kind = header_kind
         self.final = False  # the stop's snapshot: resident pages read without the per-tick bound
-        # Resident bytes per (pid, origins list) and origin id as the last tick read them, right after its drain.
-        # The stop's snapshot takes these: it comes after the targets are untargeted, and by then an interval can
+        # Resident bytes per (pid, origins list) and origin id as last read while the targets were traced, right
+        # after a drain: at the last tick, and again just before the stop untargets them (read_before_stop). The
+        # stop's snapshot takes these: it comes after the targets are untargeted, and by then an interval can
         # have moved (a buffer grown by mremap moves on most grows), its old range reading as 0. Only a process
-        # whose tick read nothing (over the per-tick bound) is read again at the stop, unbounded.
+        # with no such read (over the per-tick bound) is read again at the stop, unbounded.
         self._tick_resident: dict[tuple[int, int], dict[int, int] | None] = {}
 
     def _t(self, seq_ns: int) -> float:
@@ -158,6 +159,15 @@ class SnapshotRows:
                                 "lost_events": counters["lost_events"],
                                 "outstanding_by_library": dict(by_library), "outstanding_by_pid": dict(by_pid),
                                 "top_sites": self.scanner.top_sites(sites, self.stack_frames)}
+
+    def read_before_stop(self) -> None:
+        """Every process's resident bytes by origin, unbounded, while its targets are still traced and just
+        drained: the stop's snapshot takes these (the ledger's intervals then match the process's mappings; the
+        last tick can be seconds behind the stop, when other probes take their time stopping)."""
+        for pid, starts, ends, oids, origins in self.kernel.outstanding_columns():
+            read = resident_by_origin(pid, starts, ends, oids, origins, bounded=False)
+            if read is not None:
+                self._tick_resident[(pid, id(origins))] = read
 
     def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:
         # Only code addresses are frames: the frame-pointer walk goes on through code built without frame
