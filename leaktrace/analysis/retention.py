@@ -24,6 +24,7 @@ from leaktrace.session import TableSource
 # The kept free memory explains a heap's growth when it grows at least this share of the candidate's rate.
 RETAINED_SHARE = 0.5
 FLOOR_READS = 3
+SAME_MOMENT_S = 1.0
 
 
 def books(reader: TableSource) -> dict[int, dict[str, Any]]:
@@ -33,16 +34,37 @@ def books(reader: TableSource) -> dict[int, dict[str, Any]]:
     if ms.empty:
         return out
     for pid, rows in ms.groupby("pid"):
-        rows = rows[rows["complete"].astype(bool)].sort_values("t")
+        rows = _one_per_moment(rows[rows["complete"].astype(bool)].sort_values("t"))
         if len(rows) < 3:
             continue
-        # In use at a read includes the temporary buffers of that moment: its floor (the least of each read and
-        # its neighbours) is what the program keeps, and grows with a leak, not with bigger temporary batches.
-        in_use = (rows["uordblks"] + rows["hblkhd"]).rolling(FLOOR_READS, center=True, min_periods=1).min()
+        in_use, retained_at = _kept(rows)
         live = rate(rows["t"], in_use, warmup_s=0.0)
-        retained = rate(rows["t"], rows["fordblks"], warmup_s=0.0)
+        retained = rate(rows["t"], retained_at, warmup_s=0.0)
         out[int(pid)] = {"live": live, "retained": retained, "last": rows.iloc[-1].to_dict(), "reads": len(rows)}
     return out
+
+
+def _one_per_moment(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (sorted by time) with reads within SAME_MOMENT_S of a moment's first taken as that moment, the
+    read with the least in use standing for it: the stop's read follows the last tick's by milliseconds, and a
+    batch of temporary buffers caught by both would count twice at the window's end."""
+    rows = rows.reset_index(drop=True)
+    moment, first = [], None
+    for i, t in enumerate(rows["t"].tolist()):
+        if first is None or t - rows["t"].iat[first] >= SAME_MOMENT_S:  # measured from the moment's first read
+            first = i
+        moment.append(first)
+    return rows.loc[(rows["uordblks"] + rows["hblkhd"]).groupby(moment).idxmin()].reset_index(drop=True)
+
+
+def _kept(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(memory in use the program keeps, free memory malloc keeps) at each read. In use at a read includes
+    the temporary buffers of that moment: its floor (the least of each read and its neighbours) is what the
+    program keeps, and grows with a leak, not with bigger temporary batches. The temporaries came out of
+    malloc's free memory: it keeps them back once they are freed."""
+    in_use = rows["uordblks"] + rows["hblkhd"]
+    floor = in_use.rolling(FLOOR_READS, center=True, min_periods=1).min()
+    return floor, rows["fordblks"] + (in_use - floor)
 
 
 def other_allocators(reader: TableSource) -> dict[int, dict[str, str]]:

@@ -1,0 +1,52 @@
+"""glibc malloc's books as the analysis reads them (analysis/retention.books): what a program keeps is the floor
+of what it has in use, and the reads of one moment (the last tick's and the stop's, milliseconds apart) count
+once, so a batch of temporary buffers caught by both at the window's end is not read as growth. Real
+processes' books are read in tests/test_malloc_state.py; these series are built from a stager's and a
+leaker's pattern, each with its truth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from leaktrace.analysis.retention import books
+from leaktrace.session import SessionReader, SessionWriter
+
+MB = 1 << 20
+KEPT_MB_PER_MIN = 236.0  # free memory a stager's growing batches leave malloc keeping
+BATCH_MB_PER_S = 1.0  # the temporaries a read catches grow with the batches
+
+
+def _books(tmp_path: Path, leak_mb_per_min: float, caught: set[int]) -> dict:
+    """Reads every 3 s over 31 s, then the stop's 10 ms after the last tick's: in use grows at
+    ``leak_mb_per_min``, free memory kept at KEPT_MB_PER_MIN; the reads numbered in ``caught`` land while a
+    batch of temporaries is held (a moment's batch: the stop's read catches what the last tick's did)."""
+    t = [*np.arange(0.4, 33, 3.0)]
+    t.append(t[-1] + 0.01)
+    jitter = np.random.default_rng(len(caught)).normal(0, 0.2 * MB, (len(t), 2))  # a real heap's small churn
+    w = SessionWriter(tmp_path / "s")
+    for i, x in enumerate(t):
+        held = int(4 * MB + leak_mb_per_min * MB / 60 * x + jitter[i, 0])
+        free = int(150 * MB + KEPT_MB_PER_MIN * MB / 60 * x + jitter[i, 1])
+        batch = int(BATCH_MB_PER_S * MB * x) if i in caught or (i == len(t) - 1 and i - 1 in caught) else 0
+        w.append("malloc_state", {"t": x, "pid": 7, "complete": True, "arenas": 9, "arena": held + free,
+                                  "uordblks": held + batch, "hblkhd": 0, "fordblks": free - batch})
+    w.close()
+    return books(SessionReader(tmp_path / "s"))[7]
+
+
+@pytest.mark.parametrize("caught", [set(), {5}, {10, 11}, {4, 10, 11}])
+def test_a_stager_caught_holding_its_batches_keeps_nothing_more(tmp_path, caught):
+    b = _books(tmp_path, 0.0, caught)
+    assert b["reads"] == 11  # the stop's read and the last tick's are one moment
+    assert abs(b["live"].mb_per_min) < 1.0, (caught, b["live"])
+    assert b["retained"].mb_per_min == pytest.approx(KEPT_MB_PER_MIN, rel=0.05)
+
+
+@pytest.mark.parametrize("caught", [set(), {5}, {10, 11}])
+def test_a_leak_under_the_batches_keeps_its_rate(tmp_path, caught):
+    b = _books(tmp_path, 30.0, caught)
+    assert b["live"].mb_per_min == pytest.approx(30.0, rel=0.1), (caught, b["live"])
+    assert b["retained"].mb_per_min == pytest.approx(KEPT_MB_PER_MIN, rel=0.05)
