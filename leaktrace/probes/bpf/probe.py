@@ -63,6 +63,8 @@ from leaktrace.probes.bpf.sysvshm import ShmSizer
 
 # Events applied per drain: ~20 ms of Python work at bench_bpf's rates, the lock (and the tick) held briefly.
 MAX_BATCH = 8192
+# Resident reads just before the stop, while the targets keep mapping during them: each origin keeps its most.
+STOP_READ_TRIES = 3
 # Seconds between drains when the last batch was not full: each drain with events reads the kernel's region
 # table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
@@ -215,8 +217,14 @@ class BpfProbe(ProbeBase):
         with self.lock:
             try:
                 if self.writer is not None:
-                    self._drain()
-                    self.writer.read_before_stop(self._consumed_ns)
+                    # Read again while the targets made mapping calls during the read (a buffer grown by
+                    # mremap moves on most grows, and the kernel settles an exact move without an event).
+                    for _ in range(STOP_READ_TRIES):
+                        self._drain()
+                        before = self._mapping_calls()
+                        self.writer.read_before_stop(self._consumed_ns)
+                        if self._mapping_calls() == before:
+                            break
                 self._drain_at_stop()
                 if self.writer is not None:
                     self.writer.final = True  # the last snapshot reads every resident page, unbounded
@@ -225,6 +233,12 @@ class BpfProbe(ProbeBase):
                     self.writer.write_final()
             finally:
                 self.kernel.close()
+
+    def _mapping_calls(self) -> int:
+        """The targets' mapping calls traced so far (the kernel's count, fast path included)."""
+        counters = dict(self._counters)
+        self.kernel.read_counters(counters)
+        return counters["syscalls"]
 
     def _snapshot(self) -> None:
         if self.kernel.prog is None or self.writer is None:

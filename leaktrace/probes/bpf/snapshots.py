@@ -104,6 +104,7 @@ class SnapshotRows:
         # have moved (a buffer grown by mremap moves on most grows), its old range reading as 0. Only a process
         # with no such read (over the per-tick bound) is read again at the stop, unbounded.
         self._tick_resident: dict[tuple[int, int], dict[int, int] | None] = {}
+        self._stop_resident: dict[tuple[int, int], dict[int, int]] = {}  # read_before_stop's
 
     def _t(self, seq_ns: int) -> float:
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
@@ -127,7 +128,7 @@ class SnapshotRows:
         sites: dict[tuple[int, int, int, int, str], int] = defaultdict(int)  # (pid, site, ip, stack_id, kind)
         for pid, starts, ends, oids, origins in self.kernel.outstanding_columns(born_by):
             key = (pid, id(origins))
-            resident = self._tick_resident.get(key) if self.final else None
+            resident = self._stop_resident.get(key, self._tick_resident.get(key)) if self.final else None
             if resident is None:  # intervals born since the last tick count as not resident at the stop
                 resident = resident_by_origin(pid, starts, ends, oids, origins, bounded=not self.final)
             if not self.final:
@@ -168,8 +169,13 @@ class SnapshotRows:
         stopping)."""
         for pid, starts, ends, oids, origins in self.kernel.outstanding_columns(born_by):
             read = resident_by_origin(pid, starts, ends, oids, origins, bounded=False)
-            if read is not None:
-                self._tick_resident[(pid, id(origins))] = read
+            if read is None:
+                continue
+            key = (pid, id(origins))
+            # Read again (the process mapped while it was read): the most each origin read. A read that
+            # races a move reads the range the buffer left as not resident, never more than it holds.
+            was = self._stop_resident.get(key) or {}
+            self._stop_resident[key] = {oid: max(n, was.get(oid, 0)) for oid, n in read.items()}
 
     def stack_frames(self, pid: int, site: int, ip: int, stack_id: int) -> list[str]:
         # Only code addresses are frames: the frame-pointer walk goes on through code built without frame
