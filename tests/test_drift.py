@@ -62,6 +62,15 @@ def test_one_batch_is_a_step_and_a_walk_no_staircase():
     assert staircase(t, walk) is None
 
 
+def test_a_steady_line_of_few_reads_is_no_staircase():
+    """Eleven reads 3 s apart of a steady growth, in whole bytes: every increment is near a tenth of the range,
+    some a byte under it. Not batches with flat stretches between: rated whole, at its slope."""
+    t = np.arange(0.4, 33.0, 3.0)
+    y = np.floor((150.0 + 236.0 / 60.0 * t) * MB)
+    assert staircase(t, y) is None
+    assert abs(rate(t, y, warmup_s=0.0).mb_per_min - 236.0) < 0.5
+
+
 def test_batches_that_fall_back_are_no_staircase():
     t = np.arange(0.0, 61.0)
     y = (50.0 + 10.0 * np.floor(t / 20.0)) * MB

@@ -61,6 +61,10 @@ STAIR_RANGE_SHARE = 0.1
 STAIR_MIN_JUMPS = 2
 STAIR_RISE_SHARE = 0.8
 STAIR_SIZE_RATIO = 4.0
+# The stretches between jumps are flat: their typical increment is at most STAIR_FLAT_SHARE of the jump
+# threshold. A steady line of a few samples has every increment near 1/n of its range, on either side of the
+# threshold by a rounding: not a staircase (its rate would count only the increments that came out above).
+STAIR_FLAT_SHARE = 0.5
 
 
 @dataclass
@@ -86,6 +90,9 @@ def staircase(t: np.ndarray, y: np.ndarray) -> Staircase | None:
     if rng <= 0 or thr <= 0:
         return None
     up = np.flatnonzero(d >= thr)
+    flat = d[d < thr]
+    if not len(flat) or float(np.median(np.abs(flat))) > STAIR_FLAT_SHARE * thr:
+        return None
     rise = float(y[-1] - y[0])
     if (len(up) < STAIR_MIN_JUMPS or np.any(d <= -thr) or rise <= 0
             or float(d[up].sum()) < STAIR_RISE_SHARE * rise
