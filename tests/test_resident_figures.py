@@ -8,7 +8,7 @@ import pandas as pd
 from test_ledger_held import Tables
 
 from leaktrace.analysis.candidates import Candidate
-from leaktrace.analysis.resident import add_figures, pagemap_share, rate_by_residency, smaps_share
+from leaktrace.analysis.resident import add_figures, pagemap_share, smaps_share
 
 MB = 1 << 20
 LIB = "libjournal.so"
@@ -55,31 +55,3 @@ def test_without_pagemap_the_last_smaps_is_apportioned_by_overlap():
     assert "apportioned from the last full smaps" in c.evidence[-1]
     # one figure measured: both named alike
     assert (py.extra["outstanding_resident_bytes"], py.extra["mapped_mb_per_min"]) == (3 * MB, 2.0)
-
-
-def _mapped_mostly_unwritten(resident_share: float) -> Tables:
-    rows = [{"t": t, "pid": 5, "library": LIB, "kind": "anon", "outstanding_bytes": int(t * MB), "regions": int(t),
-             "resident_bytes": int(t * MB * resident_share)} for t in (10.0, 20.0, 30.0, 40.0)]
-    return Tables({"ledger_snapshots": pd.DataFrame(rows)})
-
-
-def _culprit() -> Candidate:
-    return Candidate(kind="native-mmap", pid=5, mb_per_min=60.0, source="ledger", library=LIB,
-                     outstanding_bytes=40 * MB, evidence=["eBPF ledger: …", "grew 60.00 MB/min …"],
-                     extra={"raw_mb_per_min": 61.0, "lower_mb_per_min": 55.0})
-
-
-def test_a_mapping_culprit_is_rated_by_what_of_it_is_resident():
-    """Regions mapped at 60 MB/min, a quarter of each written: 15 MB/min costs RAM, 60 is address space."""
-    warnings: list[str] = []
-    (c,) = rate_by_residency(_mapped_mostly_unwritten(0.25), [_culprit()], warnings, 1.0)
-    assert c.mb_per_min == 15.0 and c.extra["mapped_mb_per_min"] == 60.0
-    assert (c.extra["raw_mb_per_min"], c.extra["lower_mb_per_min"]) == (61.0 / 4, 55.0 / 4)
-    assert "× the resident share 25.0%" in c.evidence[2] and not warnings, c.evidence
-
-
-def test_mappings_barely_written_are_no_culprit():
-    """One page of each 4 MiB region written (a churner's, a reservation's): 0.06 MB/min resident."""
-    warnings: list[str] = []
-    assert rate_by_residency(_mapped_mostly_unwritten(1 / 1024), [_culprit()], warnings, 1.0) == []
-    assert len(warnings) == 1 and "grows its mappings 60.0 MB/min but only 0.06 MB/min" in warnings[0], warnings

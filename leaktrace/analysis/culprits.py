@@ -40,7 +40,6 @@ from leaktrace.analysis.ledger import stack_frames
 from leaktrace.analysis.pinned import recognise as recognise_pinned
 from leaktrace.analysis.pyobjects import fold_native, type_growth
 from leaktrace.analysis.resident import add_figures as add_resident_figures
-from leaktrace.analysis.resident import rate_by_residency
 from leaktrace.analysis.retention import in_use_flat
 from leaktrace.analysis.retention import recognise as recognise_retention
 from leaktrace.analysis.rules import Rule, load_rules, render_template
@@ -182,7 +181,6 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     ledger, ledger_ran = ledger_candidates(reader, info, warnings, th, stopping)
     _add_gdb_stacks(reader, ledger, warnings)
     ledger = recognise_thread_stacks(reader, ledger, warnings, th["ledger_mb_per_min"])
-    ledger = rate_by_residency(reader, ledger, warnings, th["ledger_mb_per_min"])  # what costs RAM
     ledger, pinned = recognise_pinned(reader, ledger, info, th)  # locked or pinned: the ledger's, or alone
     ledger = recognise_retention(reader, ledger, th)  # a heap's growth in use, or free memory malloc keeps
     pyheap = pyheap_growth(reader)

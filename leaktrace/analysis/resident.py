@@ -13,12 +13,6 @@ Where the resident bytes of a ledger culprit come from, best first (the evidence
 2. ``smaps``: the watcher's last full smaps, each mapping's Rss apportioned over the ledger regions
    inside it by their overlap (sessions recorded before the probe read pagemap, or a tick over its bound).
 3. none: the mapped bytes, said so.
-
-A plain ledger culprit of anonymous mappings (``native-mmap``) is rated as thread stacks are
-(analysis/threadstacks.py): ``mb_per_min`` is the ledger's mapped growth times the resident share of what it
-holds (pagemap, the last tick that read it all: at the stop), ``mapped_mb_per_min`` the mapped growth. One
-whose resident growth is below the leak rate costs no RAM at it (regions mapped and barely written: a
-churner's, a reservation's): left out, with a warning naming its mapped growth.
 """
 
 from __future__ import annotations
@@ -100,37 +94,6 @@ def smaps_share(reader: TableSource, pid: int, library: str | None, kind: str) -
     if covered <= 0:
         return None
     return min(1.0, resident / covered)
-
-
-def rate_by_residency(reader: TableSource, ledger: list[Candidate], warnings: list[str],
-                      min_mb_per_min: float) -> list[Candidate]:
-    """``ledger`` with each plain native-mmap culprit re-rated by what of its mappings is resident (see the
-    module docstring); one below ``min_mb_per_min`` resident is left out, named in ``warnings``."""
-    snaps = reader.table("ledger_snapshots") if "ledger_snapshots" in reader.tables() else pd.DataFrame()
-    out: list[Candidate] = []
-    for c in ledger:
-        group = _ledger_group(c) if c.kind == "native-mmap" and c.source == "ledger" else None
-        pm = pagemap_share(snaps, c.pid, *group) if group is not None and group[1] == "anon" else None
-        if pm is None or c.mb_per_min <= 0:
-            out.append(c)
-            continue
-        share, t = pm
-        mapped = c.mb_per_min
-        c.mb_per_min = mapped * share
-        for k in ("raw_mb_per_min", "lower_mb_per_min"):
-            if c.extra.get(k) is not None:
-                c.extra[k] = float(c.extra[k]) * share
-        c.extra["mapped_mb_per_min"] = round(mapped, 4)
-        line = (f"resident growth {c.mb_per_min:.2f} MB/min = the ledger's mapped growth {mapped:.2f} MB/min × the "
-                f"resident share {share:.1%} of what it holds (/proc/{c.pid}/pagemap at t={t:.1f} s; mb_per_min is "
-                "what costs RAM, mapped_mb_per_min the address space)")
-        if c.mb_per_min < min_mb_per_min:
-            warnings.append(f"pid {c.pid}: {c.library} grows its mappings {mapped:.1f} MB/min but only "
-                            f"{c.mb_per_min:.2f} MB/min of them resident ({share:.1%}): below the leak rate")
-            continue
-        c.evidence.insert(min(2, len(c.evidence)), line)
-        out.append(c)
-    return out
 
 
 def add_figures(reader: TableSource, cands: list[Candidate]) -> None:
