@@ -41,13 +41,6 @@ class KernelRegions:
         return bisect.bisect_right(self.maxend, a)
 
 
-def _kept(col: array, keep: np.ndarray) -> array:
-    """The entries of a machine-word column where ``keep`` is true, as a column of the same type."""
-    out = array(col.typecode)
-    out.frombytes(np.frombuffer(col, dtype=np.dtype(col.typecode))[keep].tobytes())
-    return out
-
-
 def _unseen(was: KernelRegions | None, kr: KernelRegions) -> list[int]:
     """Indexes of the regions of ``kr`` not in ``was`` with the same start and birth (both sorted by start)."""
     if was is None or not len(was):
@@ -310,22 +303,12 @@ class KernelSide:
             for o, nbytes, n in sum_by_origin(oids, starts, ends, origins):
                 yield pid, o, nbytes, n
 
-    def outstanding_columns(self, born_by: int | None = None) -> Iterator[tuple[int, array, array, array, list[Origin]]]:
+    def outstanding_columns(self) -> Iterator[tuple[int, array, array, array, list[Origin]]]:
         """(pid, starts, ends, origin ids, origins) per half of each process's outstanding intervals,
-        reconciled as :meth:`outstanding` is: machine-word columns, no Python step per interval.
-        ``born_by`` (a seq: when the ledger last took the ring's events): kernel regions born after it are
-        left out. The kernel's regions are read live while the ledger has applied the ring's events up to
-        then only: a region mapped since would count while the unmap of the one it replaced, not settled
-        in the kernel, still waits in the ring (a churner mapping 5,000 regions a second read up to 8x
-        what it maps)."""
+        reconciled as :meth:`outstanding` is: machine-word columns, no Python step per interval."""
         kmap = self._reconciled_scan()
         korigins = self._korigins
         for tgid, kr in kmap.items():
-            if born_by is not None and len(kr):
-                keep = np.frombuffer(kr.seqs, dtype=np.uint64) <= born_by
-                if not keep.all():
-                    yield tgid, _kept(kr.starts, keep), _kept(kr.ends, keep), _kept(kr.oids, keep), korigins
-                    continue
             yield tgid, kr.starts, kr.ends, kr.oids, korigins
         for pid, sp in list(self.ledger.spaces.items()):
             yield (pid, *sp.columns())
