@@ -500,6 +500,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
         struct lt_region r = {};
         r.len = len;
         r.seq = now;
+        r.born = now;
         r.site = site;
         r.ip = p->ip;
         r.stack_id = stack_id;

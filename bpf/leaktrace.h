@@ -71,6 +71,8 @@ struct lt_region_key {
 struct lt_region {
     __u64 len;       /* page-rounded */
     __u64 seq;       /* bpf_ktime_get_ns() at the syscall exit: orders it against slow-path events */
+    __u64 born;      /* the seq of the mmap that made it, kept when an exact mremap grows or moves it (`seq` is
+                      * then the mremap's): user space leaves out regions born after the events it has applied */
     __u64 site;      /* caller's return address, read at the user stack pointer at syscall entry */
     __u64 ip;        /* user instruction pointer at the syscall (where the syscall instruction is) */
     __s64 stack_id;  /* user stack of the first call from this site (-1: none) */

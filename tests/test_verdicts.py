@@ -391,4 +391,21 @@ def test_bounded_workloads_are_clean_and_leaks_keep_their_rate(spawn, verdicts_b
         _check(name, *got[name])
     bounded = got["cache-early"][0]["verdict_reason"]
     assert "bounded: plateau of" in bounded, bounded
+    _check_churn_held_at_most_its_slots(tmp_path / "churn-uniform", got["churn-uniform"][1])
+
+
+# churn-uniform's 64 slots of at most 8 MiB (a slot is unmapped before it is mapped again), and its 256 malloc'd
+# blocks of at most 256 KiB (mapped by malloc above its threshold)
+CHURN_UNIFORM_MAX_HELD = 64 * 8 * MB + 256 * 256 * 1024
+
+
+def _check_churn_held_at_most_its_slots(out: Path, pid: int) -> None:
+    """Every tick's outstanding anonymous bytes of the churner are at most what its slots can hold: a tick
+    reads the kernel's regions live, and must leave out those mapped after the events the ledger applied
+    (their unmapped predecessors still wait in the ring)."""
+    from leaktrace.session import SessionReader
+
+    snaps = SessionReader(out).table("ledger_snapshots")
+    held = snaps[(snaps["pid"] == pid) & (snaps["kind"] == "anon")].groupby("t")["outstanding_bytes"].sum()
+    assert len(held) >= HUNT_S // 2 and held.max() <= CHURN_UNIFORM_MAX_HELD, (held / MB).round(1).tolist()
 

@@ -39,7 +39,8 @@ class RegionKey(ct.Structure):
 
 
 class Region(ct.Structure):
-    _fields_ = [("len", ct.c_uint64), ("seq", ct.c_uint64), ("site", ct.c_uint64), ("ip", ct.c_uint64),
+    _fields_ = [("len", ct.c_uint64), ("seq", ct.c_uint64), ("born", ct.c_uint64), ("site", ct.c_uint64),
+                ("ip", ct.c_uint64),
                 ("stack_id", ct.c_int64), ("tid", ct.c_uint32), ("prot", ct.c_uint32),
                 ("flags", ct.c_uint32), ("fd", ct.c_uint32)]
 

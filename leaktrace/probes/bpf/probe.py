@@ -104,6 +104,7 @@ class BpfProbe(ProbeBase):
         self.ctx: HuntContext | None = None
         self._queue: list[Event] = []
         self._applied = 0  # events taken from the ring and applied (all batches)
+        self._consumed_ns: int | None = None  # when the ring was last taken (CLOCK_MONOTONIC ns: the seq clock)
         self._known: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -221,7 +222,7 @@ class BpfProbe(ProbeBase):
                     for _ in range(STOP_READ_TRIES):
                         self._drain()
                         before = self._mapping_calls()
-                        self.writer.read_before_stop()
+                        self.writer.read_before_stop(self._consumed_ns)
                         if self._mapping_calls() == before:
                             break
                 self._drain_at_stop()
@@ -243,7 +244,9 @@ class BpfProbe(ProbeBase):
         if self.kernel.prog is None or self.writer is None:
             return
         self.kernel.read_counters(self._counters)
-        self.writer.snapshot(self._counters, len(self._queue))
+        # the stop's: every target untargeted and every event drained, the kernel's regions all in the books
+        born_by = None if self.writer.final else self._consumed_ns
+        self.writer.snapshot(self._counters, len(self._queue), born_by)
         self.faults.tick(self.writer.ctx)
 
     def _drain_at_stop(self) -> None:
@@ -279,9 +282,13 @@ class BpfProbe(ProbeBase):
         """Apply at most MAX_BATCH events from the ring; True when the batch was full (more may wait)."""
         if self.kernel.prog is None or self.writer is None:
             return False
+        # The ledger's books run to the last event taken (every event stamped before it was in the ring by
+        # then); the kernel's regions born after it are not yet in its books: snapshots leave them out.
+        self._consumed_ns = time.monotonic_ns()
         self.kernel.consume()
         if not self._queue:
             return False
+        self._consumed_ns = max(self._consumed_ns, max(e.seq for e in self._queue))
         batch, self._queue = self._queue, []
         self._applied += len(batch)
         needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_SHMAT, EV_EXEC, EV_EXIT)

@@ -118,14 +118,15 @@ class SnapshotRows:
                 "result": e.result, "child": e.aux_pid if e.type == EV_FORK else 0}
 
     # ------------------------------------------------------------------ snapshots
-    def snapshot(self, counters: dict[str, int], ring_pending: int) -> None:
+    def snapshot(self, counters: dict[str, int], ring_pending: int, born_by: int | None = None) -> None:
         """Per-library totals now, what of them is resident (every tick within the bound, all of it once
         ``final`` is set: the stop's), and ``counters`` (read from the kernel just before) with the records still queued
-        (``ring_pending``)."""
+        (``ring_pending``); ``born_by``: the seq the ledger's events run to (kernel regions born since are
+        not yet in its books; None at the stop, when the targets are untargeted and every event drained)."""
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0])
         sites: dict[tuple[int, int, int, int, str], int] = defaultdict(int)  # (pid, site, ip, stack_id, kind)
-        for pid, starts, ends, oids, origins in self.kernel.outstanding_columns():
+        for pid, starts, ends, oids, origins in self.kernel.outstanding_columns(born_by):
             key = (pid, id(origins))
             resident = self._stop_resident.get(key, self._tick_resident.get(key)) if self.final else None
             if resident is None:  # intervals born since the last tick count as not resident at the stop
@@ -161,11 +162,12 @@ class SnapshotRows:
                                 "outstanding_by_library": dict(by_library), "outstanding_by_pid": dict(by_pid),
                                 "top_sites": self.scanner.top_sites(sites, self.stack_frames)}
 
-    def read_before_stop(self) -> None:
+    def read_before_stop(self, born_by: int | None) -> None:
         """Every process's resident bytes by origin, unbounded, while its targets are still traced and just
-        drained: the stop's snapshot takes these (the ledger's intervals then match the process's mappings; the
-        last tick can be seconds behind the stop, when other probes take their time stopping)."""
-        for pid, starts, ends, oids, origins in self.kernel.outstanding_columns():
+        drained (to seq ``born_by``): the stop's snapshot takes these (the ledger's intervals then match the
+        process's mappings; the last tick can be seconds behind the stop, when other probes take their time
+        stopping)."""
+        for pid, starts, ends, oids, origins in self.kernel.outstanding_columns(born_by):
             read = resident_by_origin(pid, starts, ends, oids, origins, bounded=False)
             if read is None:
                 continue
