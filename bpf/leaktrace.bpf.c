@@ -733,6 +733,66 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
     return 0;
 }
 
+/* Locked memory (mlock, mlock2, munlock, mlockall, munlockall): nothing to account in the ledger (a lock maps
+ * nothing), but the call path of the pages a process keeps locked, as an mmap's: VmLck growth names its library
+ * even where the locked pages were mapped long before (a pool locked slice by slice). Rare calls: every one is
+ * sent. */
+static __always_inline int lock_event(void *ctx, long ret, u32 type, int has_flags)
+{
+    struct lt_uregs u;
+    struct lt_call *p = call_at_exit(ctx, &u);
+    if (!p)
+        return 0;
+    if (is_err(ret)) {
+        count(LT_CNT_FAILED);
+        return 0;
+    }
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = type;
+    ev.tgid = p->tgid;
+    ev.tid = p->tid;
+    if (type == LT_EV_MLOCK || type == LT_EV_MUNLOCK) {
+        u64 start = u.di & ~(u64)LT_PAGE_MASK;  /* the kernel locks every page the range touches */
+        ev.addr = start;
+        ev.len = page_up(u.di + u.si - start);
+        ev.flags = has_flags ? u.dx : 0;  /* mlock2's MLOCK_ONFAULT */
+    } else if (has_flags) {
+        ev.flags = u.di;  /* mlockall's MCL_* */
+    }
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = ret;
+    emit(&ev);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mlock)
+{
+    return lock_event(args, args->ret, LT_EV_MLOCK, 0);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mlock2)
+{
+    return lock_event(args, args->ret, LT_EV_MLOCK, 1);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_munlock)
+{
+    return lock_event(args, args->ret, LT_EV_MUNLOCK, 0);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mlockall)
+{
+    return lock_event(args, args->ret, LT_EV_MLOCKALL, 1);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_munlockall)
+{
+    return lock_event(args, args->ret, LT_EV_MUNLOCKALL, 0);
+}
+
 #ifdef LT_SYSV_TRACEPOINTS
 /* shmid -> bytes of the segments the traced processes created (shmget of a new segment: IPC_PRIVATE, or IPC_CREAT |
  * IPC_EXCL), so a SHMAT event carries the size of what it mapped: read from /proc later, the segment may be gone

@@ -35,13 +35,17 @@
                            * addr = the faulting address, ip = the faulting instruction, site = the word at the user
                            * stack pointer when ip is in libc (memset's caller), else 0; len = the error code.
                            * Nothing to account: user space names the code that touched the page from it */
+#define LT_EV_MLOCK 14    /* pages locked in RAM (mlock, mlock2): addr, len (page-rounded), flags (mlock2's) */
+#define LT_EV_MUNLOCK 15  /* pages unlocked (munlock): addr, len */
+#define LT_EV_MLOCKALL 16 /* mlockall: flags (MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT) */
+#define LT_EV_MUNLOCKALL 17 /* munlockall */
 
 /* EXIT event flags (lt_event.flags). */
 #define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */
 #define LT_EXIT_NO_CODE 2     /* the exit code could not be read (no task_struct offset from BTF) */
 
 /* Per-CPU counters (index into the `counters` array). */
-#define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk/mprotect/shmat/shmdt of the target set */
+#define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk/mprotect/shmat/shmdt/mlock* of the target set */
 #define LT_CNT_FAST_MAPS 1     /* mmaps kept in the kernel region map */
 #define LT_CNT_SETTLED 2       /* munmaps/mremaps settled in the kernel (exact match) */
 #define LT_CNT_SLOW 3          /* events handed to user space */

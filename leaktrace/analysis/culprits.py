@@ -94,7 +94,8 @@ def explain(c: Candidate, rules: list[Rule], reader: TableSource) -> dict[str, A
     if kind != c.kind:
         out["measured_kind"] = c.kind  # what the probe saw, before the rule re-labelled it
     for k in ("instance", "first_named_s", "python", "stacks_kept",
-              "touched_by", "mapped_before_attach", "region", "held_by", "live_mb_per_min", "retained_mb_per_min"):
+              "touched_by", "mapped_before_attach", "region", "held_by", "live_mb_per_min", "retained_mb_per_min",
+              "locked_by"):
         if k in c.extra:
             out[k] = c.extra[k]
     return out

@@ -12,12 +12,16 @@ EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_BRK, EV_FORK, EV_EXEC, EV_EXIT, EV_LIBMAP, EV_
 EV_SHMAT, EV_SHMDT = 10, 11  # SysV shm attach (fd = shmid, len 0: sized in user space) and detach
 EV_HOOKWIN = 12  # a window of a hooked mmap to learn the hook's frames from (nothing to account)
 EV_FAULTWIN = 13  # a window of the first write fault of a fault key, to name who touched the page from
+# pages locked (mlock, mlock2: flags = mlock2's) and unlocked; mlockall (flags = MCL_*) and munlockall
+EV_MLOCK, EV_MUNLOCK, EV_MLOCKALL, EV_MUNLOCKALL = 14, 15, 16, 17
+LOCK_EVENTS = frozenset({EV_MLOCK, EV_MUNLOCK, EV_MLOCKALL, EV_MUNLOCKALL})
 EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
                EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect",
                EV_SHMAT: "shmat", EV_SHMDT: "shmdt", EV_HOOKWIN: "hookwin",
-               EV_FAULTWIN: "faultwin"}
+               EV_FAULTWIN: "faultwin", EV_MLOCK: "mlock", EV_MUNLOCK: "munlock", EV_MLOCKALL: "mlockall",
+               EV_MUNLOCKALL: "munlockall"}
 # The events that carry the call site of their syscall (its caller, the stack key of what it accounts).
-SITE_EVENTS = frozenset({EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT})
+SITE_EVENTS = frozenset({EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT, *LOCK_EVENTS})
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status

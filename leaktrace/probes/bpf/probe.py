@@ -49,6 +49,7 @@ from leaktrace.probes.bpf.layout import (
     EV_SHMDT,
     EXIT_NO_CODE,
     EXIT_OOM,
+    LOCK_EVENTS,
     MREMAP_DONTUNMAP,
     Event,
     WindowEvent,
@@ -380,6 +381,9 @@ class BpfProbe(ProbeBase):
             self.kernel.forget_runtime(pid)
         elif e.type == EV_LIBMAP:
             self.seeds.library_loaded(pid)
+        elif e.type in LOCK_EVENTS:  # nothing to account: the call path of what the process locks
+            if self.writer is not None:
+                self.writer.lock_site(pid, origin_of(e, "lock"))
 
     def _apply_shmat(self, e: Event, kmap: dict, taken: set) -> None:
         """A SysV segment attached: sized by the kernel (a segment a traced process created) or from /proc

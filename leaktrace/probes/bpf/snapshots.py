@@ -5,9 +5,11 @@ library of its call site (:class:`LibraryNames`).
 Session tables written (``t`` = seconds since hunt start, as every table):
 
 ``bpf_events``       one row per slow-path event: t, type (mmap|munmap|mremap|brk|fork|exec|exit|libmap|mprotect|
-                     shmat|shmdt; a shmat's len is the segment size read from /proc, 0 when unknown, its fd the shmid),
+                     shmat|shmdt|mlock|munlock|mlockall|munlockall; a shmat's len is the segment size read from
+                     /proc, 0 when unknown, its fd the shmid; an mlock's flags mlock2's, an mlockall's MCL_*),
                      pid, tid, addr, len, new_addr, new_len, flags, prot, site, stack_key, result, child
-``bpf_stacks``       one row per call site: stack_key ("PID:0xRETADDR"), pid, site, stack_id, library,
+``bpf_stacks``       one row per call site (of the regions outstanding at stop, and of every lock call as it is
+                     first seen): stack_key ("PID:0xRETADDR"), pid, site, stack_id, library,
                      symbol (the site frame as text), frames ("\\n"-joined, innermost first: the syscall
                      instruction, the caller at the return address, then the frame-pointer walk)
 ``ledger_snapshots`` per tick and (pid, library, kind): t, pid, library, kind (anon|file|heap|shm: SysV shmat),
@@ -105,6 +107,7 @@ class SnapshotRows:
         # with no such read (over the per-tick bound) is read again at the stop, unbounded.
         self._tick_resident: dict[tuple[int, int], dict[int, int] | None] = {}
         self._stop_resident: dict[tuple[int, int], dict[int, int]] = {}  # read_before_stop's
+        self._lock_sites: set[tuple[int, int, int]] = set()  # (pid, its execs, site) of lock calls written
 
     def _t(self, seq_ns: int) -> float:
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
@@ -202,6 +205,22 @@ class SnapshotRows:
                 frames.append(str(self.symbols.frame(pid, a)))
         return frames
 
+    def lock_site(self, pid: int, o: Origin) -> None:
+        """A lock call (mlock, munlock, mlockall …) from ``o``'s call site: its ``bpf_stacks`` row, written when
+        the site is first seen, while the process's maps are known (locked pages leave nothing in the ledger
+        to write a stack for at the stop)."""
+        key = (pid, self.ledger.execs.get(pid, 0), o.site)
+        if key in self._lock_sites:
+            return
+        self._lock_sites.add(key)
+        self.ctx.session.append("bpf_stacks", [self._stack_row(pid, o.site, o)])
+
+    def _stack_row(self, pid: int, site: int, o: Origin) -> dict[str, Any]:
+        return {"stack_key": f"{pid}:{site:#x}", "pid": pid, "site": _i64(site), "stack_id": o.stack_id,
+                "library": self.libraries.of(pid, o), "symbol": str(self.symbols.frame(pid, site)) if site else "",
+                "frames": "\n".join(self.stack_frames(pid, site, o.ip, o.stack_id)),
+                "method": "stack-scan" if (pid, site) in self.scanner.chains else "frame-pointer"}
+
     def write_final(self) -> None:
         self._write_regions(((pid, start, end, o, t_born)
                              for pid, start, end, o, t_born, _k in self.kernel.outstanding()), at_exit=False)
@@ -231,15 +250,7 @@ class SnapshotRows:
                 region_rows = []
         residency.close()
         self.ctx.session.append("ledger_regions", region_rows)
-        stack_rows = []
-        for (pid, site), o in stack_origin.items():
-            frames = self.stack_frames(pid, site, o.ip, o.stack_id)
-            stack_rows.append({"stack_key": f"{pid}:{site:#x}", "pid": pid, "site": _i64(site), "stack_id": o.stack_id,
-                               "library": self.libraries.of(pid, o),
-                               "symbol": str(self.symbols.frame(pid, site)) if site else "",
-                               "frames": "\n".join(frames),
-                               "method": "stack-scan" if (pid, site) in self.scanner.chains else "frame-pointer"})
-        self.ctx.session.append("bpf_stacks", stack_rows)
+        self.ctx.session.append("bpf_stacks", [self._stack_row(pid, site, o) for (pid, site), o in stack_origin.items()])
 
     def record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions], code: int | None = None,
                     oom: bool = False) -> None:
