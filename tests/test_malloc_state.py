@@ -82,6 +82,9 @@ def test_retention_is_no_leak_and_a_live_leak_beside_it_stays_one(spawn, retain_
     c = kept[0]
     assert c["rule"] == "allocator-retention" and "MALLOC_ARENA_MAX" in c["remedy"]
     assert abs(c["live_mb_per_min"]) < 1.0 and c["retained_mb_per_min"] > 100
+    # its eight staging threads, each in an arena of its own, grew malloc's heap (the eBPF layer's arena commits)
+    assert any(e.startswith("threads that grew malloc's heap during the hunt: 8 (tid ") for e in c["evidence"]), \
+        c["evidence"]
     assert "allocator retention" in rep["verdict_reason"]
 
     leaker = spawn([retain_bin, "0", "0", "0", LEAK_KIB_PER_S])

@@ -7,8 +7,9 @@ a read are not kept. Each malloc-heap candidate of a process whose books were re
 ``retained_mb_per_min``: the process's, malloc keeping one set of books per process). When the memory in use
 does not grow at the leak rate and the kept free memory explains the heap's growth, the growth is the
 allocator's retention, not a leak: the candidate becomes ``allocator-retention`` (never a leak verdict on its
-own), with the facts a remedy needs — the arenas in use, the container's CPU limit, the remedy read from the
-process's own settings (MALLOC_ARENA_MAX, MALLOC_TRIM_THRESHOLD_).
+own), with the facts a remedy needs — the arenas in use, the container's CPU limit, the threads that grew
+malloc's heap (the eBPF layer's brk and arena commits: one arena per thread that allocates at once), the remedy
+read from the process's own settings (MALLOC_ARENA_MAX, MALLOC_TRIM_THRESHOLD_).
 """
 
 from __future__ import annotations
@@ -112,8 +113,29 @@ def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float]
         if live < th["leak_mb_per_min"] and kept >= RETAINED_SHARE * c.mb_per_min:
             c.extra["measured_kind"] = c.kind
             c.kind = "allocator-retention"
-            c.extra["rule_fields"] = {**c.extra.get("rule_fields", {}), **_facts(last)}
+            c.extra["rule_fields"] = {**c.extra.get("rule_fields", {}), **_facts(last),
+                                      "grew_threads": growing_threads(reader, c.pid)}
     return ledger
+
+
+# Threads named in full up to this many.
+THREADS_NAMED = 8
+
+
+def growing_threads(reader: TableSource, pid: int) -> str:
+    """The threads that grew malloc's heap during the hunt, in words: those whose brk or arena commit (an
+    mprotect making pages readable or writable) the eBPF layer saw."""
+    if "bpf_events" not in reader.tables():
+        return "not traced"
+    ev = reader.table("bpf_events")
+    if ev.empty:
+        return "none seen"
+    mine = ev[(ev["pid"] == pid) & ((ev["type"] == "brk") | ((ev["type"] == "mprotect") & ((ev["prot"] & 3) != 0)))]
+    tids = sorted(int(t) for t in mine["tid"].unique())
+    if not tids:
+        return "none seen"
+    shown = ", ".join(str(t) for t in tids[:THREADS_NAMED]) + (", …" if len(tids) > THREADS_NAMED else "")
+    return f"{len(tids)} (tid {shown})"
 
 
 def _facts(last: dict[str, Any]) -> dict[str, str]:
