@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from leaktrace.probes.bpf.addrspace import Origin
 from leaktrace.probes.bpf.layout import ANON_FD, EV_MMAP, EV_MREMAP, Event, Region, WindowEvent
-from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.probes.bpf.stackscan import CALLER_CANDIDATES, StackScanner
 
 
 def mmap_kind(fd: int, prot: int) -> str:
@@ -65,15 +65,17 @@ class GrowthOrigins:
     def _scanned_origin(self, e: Event, o: Origin, kind: str | None, window: bytes) -> Origin:
         """The origin from a scan of ``window`` for the caller of the C runtime (StackScanner.live_caller);
         ``o`` when there is none."""
-        chain = self.scanner.return_addresses(e.tgid, window)
+        # Every growth event of a heap is scanned (thousands a second under churn): only as far as the
+        # caller's candidates; the whole chain once per caller, for the stack shown.
+        chain = self.scanner.return_addresses(e.tgid, window, foreign_max=CALLER_CANDIDATES)
         if kind is None:
             kind = "heap" if self.scanner.via_malloc(e.tgid, chain) else "anon"
             o = origin_of(e, kind)
         caller = self.scanner.live_caller(e.tgid, chain)
         if caller is None:
             return o
-        if (e.tgid, caller) not in self.scanner.chains:  # the first time: the whole chain, for the stack shown
-            self.scanner.chains[(e.tgid, caller)] = chain
+        if (e.tgid, caller) not in self.scanner.chains:
+            self.scanner.chains[(e.tgid, caller)] = self.scanner.return_addresses(e.tgid, window)
         return Origin(kind, t_born=o.t_born, site=caller, ip=o.ip, stack_id=-1, tid=o.tid)
 
     def hook_caller_of(self, tgid: int, v: Region) -> Origin | None:

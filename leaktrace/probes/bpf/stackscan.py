@@ -251,9 +251,13 @@ class StackScanner:
                                    "hook" if MEMORY_HOOK_LIBRARY.match(name) else None)
         return self._runtime[path]
 
-    def return_addresses(self, pid: int, window: bytes, to_caller: bool = False) -> list[int]:
+    def return_addresses(self, pid: int, window: bytes, to_caller: bool = False,
+                         foreign_max: int | None = None) -> list[int]:
         """Return addresses in ``window`` (raw stack from the stack pointer up), innermost first; with
-        ``to_caller``, up to the first outside the C runtime (see :meth:`caller`)."""
+        ``to_caller``, up to the first outside the C runtime (see :meth:`caller`); with ``foreign_max``, up to
+        that many outside it (all that :meth:`via_malloc` and :meth:`live_caller` read of a chain)."""
+        if to_caller:
+            foreign_max = 1
         starts, ends = self._code_ranges(pid)
         if not len(starts):
             return []
@@ -262,11 +266,13 @@ class StackScanner:
         code = words[(i >= 0) & (words < ends[np.maximum(i, 0)])]  # words pointing into code, in order
         out: list[int] = []
         info = self._info
+        foreign = 0
         for w in code.tolist():
             is_ret, runtime = info(pid, w)
             if is_ret:
                 out.append(w)
-                if len(out) >= MAX_FRAMES or (to_caller and runtime is False):
+                foreign += runtime is False
+                if len(out) >= MAX_FRAMES or (foreign_max is not None and foreign >= foreign_max):
                     break
         return out
 
