@@ -51,6 +51,21 @@ def _kept(col: array, keep: np.ndarray) -> array:
     return out
 
 
+class LazyRegions:
+    """The kernel's regions per tgid (:meth:`KernelSide.scan`) for one batch of events, read at the first look:
+    a read is a pass over every region of every target, and a batch whose munmaps each remove one whole region
+    (taken by its key: :meth:`KernelSide.take_exact`) and whose mmaps are plain needs none."""
+
+    def __init__(self, side: KernelSide) -> None:
+        self._side = side
+        self._map: dict[int, KernelRegions] | None = None
+
+    def get(self, tgid: int) -> KernelRegions | None:
+        if self._map is None:
+            self._map = self._side.scan()
+        return self._map.get(tgid)
+
+
 def _unseen(was: KernelRegions | None, kr: KernelRegions) -> list[int]:
     """Indexes of the regions of ``kr`` not in ``was`` with the same start and birth (both sorted by start)."""
     if was is None or not len(was):
@@ -243,7 +258,40 @@ class KernelSide:
             return Origin(o.kind, t_born=v.seq, site=o.site, ip=o.ip, stack_id=o.stack_id, tid=v.tid)
         return origin_of(v)
 
-    def absorb(self, kmap: dict[int, KernelRegions], tgid: int, a: int, b: int,
+    def absorb_unmapped(self, kmap: LazyRegions, tgid: int, a: int, b: int, seq: int,
+                        taken: set[tuple[int, int]]) -> None:
+        """:meth:`absorb` for an munmap of [a, b), without reading every region where none can be the kernel's:
+        the range wholly held by the ledger from events, or one whole kernel region (:meth:`take_exact`)."""
+        sp = self.ledger.spaces.get(tgid)
+        if sp is not None and sp.holds_from_events(a, b):
+            return
+        if not self.take_exact(tgid, a, b - a, seq, taken):
+            self.absorb(kmap, tgid, a, b, seq, taken)
+
+    def take_exact(self, tgid: int, a: int, length: int, seq: int, taken: set[tuple[int, int]]) -> bool:
+        """An munmap at ``seq`` of exactly one kernel region born before it (one the kernel did not settle: its
+        process had a slow event since): that region moved into the ledger, found by its key, with no read of
+        the whole map; False, and nothing done, for anything else (:meth:`absorb` then looks at them all).
+        Nothing else of the kernel's lies in the range: a process's mappings are disjoint, and a region a slow
+        event cut was taken when that event was applied, before this one."""
+        if (tgid, a) in taken:
+            return False
+        try:
+            v = self.prog[b"regions"][RegionKey(tgid, 0, a)]
+        except KeyError:
+            return False
+        if v.len != length or v.seq >= seq:
+            return False
+        val = self._take(tgid, a)  # what is keyed at an unmapped start stays until user space takes it
+        if val is None or val.seq != v.seq:
+            if val is not None:
+                self._put_back(tgid, a, val)
+            return False
+        taken.add((tgid, a))
+        self.ledger.mmap(tgid, a, val.len, self._kernel_region_origin(tgid, val))
+        return True
+
+    def absorb(self, kmap: dict[int, KernelRegions] | LazyRegions, tgid: int, a: int, b: int,
                seq: int, taken: set[tuple[int, int]]) -> None:
         """Move kernel regions of ``tgid`` overlapping [a, b) and born before ``seq`` into the ledger."""
         kr = kmap.get(tgid)
@@ -266,7 +314,8 @@ class KernelSide:
             taken.add((tgid, start))
             self.ledger.mmap(tgid, start, val.len, self._kernel_region_origin(tgid, val))
 
-    def drop(self, kmap: dict[int, KernelRegions], tgid: int, seq: int, taken: set[tuple[int, int]]) -> None:
+    def drop(self, kmap: dict[int, KernelRegions] | LazyRegions, tgid: int, seq: int,
+             taken: set[tuple[int, int]]) -> None:
         """Remove from the kernel map the regions of ``tgid`` born before ``seq`` (its exec or exit)."""
         kr = kmap.get(tgid)
         if kr is None:
@@ -294,7 +343,7 @@ class KernelSide:
                     out.append((start, val, self._kernel_region_origin(tgid, val)))
         return out
 
-    def held_before(self, kmap: dict[int, KernelRegions], pid: int,
+    def held_before(self, kmap: dict[int, KernelRegions] | LazyRegions, pid: int,
                     seq: int) -> list[tuple[int, int, int, Origin, int]]:
         """The kernel regions of ``pid`` in ``kmap`` born before ``seq``: (pid, start, end, origin, t_born)."""
         kr = kmap.get(pid)
