@@ -31,7 +31,8 @@ from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
 from leaktrace.probes.bpf import loader
 from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
 from leaktrace.probes.bpf.hookpaths import HookPaths
-from leaktrace.probes.bpf.kernel import KernelSide, LazyRegions
+from leaktrace.probes.bpf.kernel import KernelSide
+from leaktrace.probes.bpf.kregions import LazyRegions
 from leaktrace.probes.bpf.layout import (
     COUNTERS,
     EV_BRK,

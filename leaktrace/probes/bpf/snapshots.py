@@ -42,7 +42,8 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_id
-from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide, LazyRegions
+from leaktrace.probes.bpf.kernel import KernelSide
+from leaktrace.probes.bpf.kregions import KernelRegions, LazyRegions
 from leaktrace.probes.bpf.layout import EV_FORK, EVENT_NAMES, SITE_EVENTS, Event
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.resident import RegionResidency, resident_by_origin
