@@ -191,7 +191,7 @@ def test_regions_the_kernel_saw_born_since_the_last_look() -> None:
     """The reconciliation's test: a region is unseen unless the last look held one with its start and birth."""
     from array import array
 
-    from leaktrace.probes.bpf.kregions import KernelRegions, _unseen
+    from leaktrace.probes.bpf.kernel import KernelRegions, _unseen
 
     def regions(pairs: list[tuple[int, int]]) -> KernelRegions:
         return KernelRegions(array("Q", [a for a, _ in pairs]), array("Q", [a + P for a, _ in pairs]),

@@ -130,18 +130,6 @@ class AddressSpace:
             i += 1
         return out
 
-    def holds_from_events(self, a: int, b: int) -> bool:
-        """Is [a, b) wholly held by intervals that events made (none a mapping seeded from /proc at attach, which
-        can also be one the kernel keeps: born between the program's attach and the seed's read)?"""
-        i = self._first_overlap(a)
-        at = a
-        while i < len(self._starts) and self._starts[i] < b:
-            if self._starts[i] > at or self.origins.origins[self._oids[i]].kind in ("preexisting", "reserve"):
-                return False
-            at = self._ends[i]
-            i += 1
-        return at >= b
-
     def covering_most(self, a: int, b: int) -> Interval | None:
         """The interval covering more than half of [a, b), if one does (intervals are disjoint: at most one),
         found without an object for each of the others: a 2 MiB fault bucket in a vLLM process can overlap

@@ -7,6 +7,7 @@ on it); and every outstanding region over both halves, reconciled with what the 
 
 from __future__ import annotations
 
+import bisect
 import ctypes as ct
 import time
 from array import array
@@ -17,10 +18,47 @@ import numpy as np
 
 from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_origin
-from leaktrace.probes.bpf.kregions import KernelRegions, LazyRegions, _kept, _unseen
 from leaktrace.probes.bpf.layout import COUNTERS, Range, Region, RegionKey, Target
 from leaktrace.probes.bpf.ledger import OutstandingLedger
 from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
+
+
+class KernelRegions:
+    """The kernel-owned regions of one process, sorted by start, column-wise in machine-word arrays
+    (``oids`` index the kernel side's interned origins; ``maxend[i]`` = max(ends[:i + 1]), for bisecting
+    the first region that can overlap an address even if stale entries overlap; ``borns``: the seq of the
+    mmap that made each, which an exact mremap keeps while it re-stamps ``seqs``)."""
+
+    __slots__ = ("starts", "ends", "seqs", "oids", "maxend", "borns")
+
+    def __init__(self, starts: array, ends: array, seqs: array, oids: array, maxend: array,
+                 borns: array | None = None) -> None:
+        self.starts, self.ends, self.seqs, self.oids, self.maxend = starts, ends, seqs, oids, maxend
+        self.borns = seqs if borns is None else borns
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def first_from(self, a: int) -> int:
+        """Index of the first region whose end may lie above ``a``."""
+        return bisect.bisect_right(self.maxend, a)
+
+
+def _kept(col: array, keep: np.ndarray) -> array:
+    """The entries of a machine-word column where ``keep`` is true, as a column of the same type."""
+    out = array(col.typecode)
+    out.frombytes(np.frombuffer(col, dtype=np.dtype(col.typecode))[keep].tobytes())
+    return out
+
+
+def _unseen(was: KernelRegions | None, kr: KernelRegions) -> list[int]:
+    """Indexes of the regions of ``kr`` not in ``was`` with the same start and birth (both sorted by start)."""
+    if was is None or not len(was):
+        return list(range(len(kr)))
+    ws, wq = np.frombuffer(was.starts, dtype=np.uint64), np.frombuffer(was.seqs, dtype=np.uint64)
+    st, sq = np.frombuffer(kr.starts, dtype=np.uint64), np.frombuffer(kr.seqs, dtype=np.uint64)
+    i = np.minimum(np.searchsorted(ws, st), len(ws) - 1)
+    return np.flatnonzero((ws[i] != st) | (wq[i] != sq)).tolist()
 
 
 class KernelSide:
@@ -205,40 +243,7 @@ class KernelSide:
             return Origin(o.kind, t_born=v.seq, site=o.site, ip=o.ip, stack_id=o.stack_id, tid=v.tid)
         return origin_of(v)
 
-    def absorb_unmapped(self, kmap: LazyRegions, tgid: int, a: int, b: int, seq: int,
-                        taken: set[tuple[int, int]]) -> None:
-        """:meth:`absorb` for an munmap of [a, b), without reading every region where none can be the kernel's:
-        the range wholly held by the ledger from events, or one whole kernel region (:meth:`take_exact`)."""
-        sp = self.ledger.spaces.get(tgid)
-        if sp is not None and sp.holds_from_events(a, b):
-            return
-        if not self.take_exact(tgid, a, b - a, seq, taken):
-            self.absorb(kmap, tgid, a, b, seq, taken)
-
-    def take_exact(self, tgid: int, a: int, length: int, seq: int, taken: set[tuple[int, int]]) -> bool:
-        """An munmap at ``seq`` of exactly one kernel region born before it (one the kernel did not settle: its
-        process had a slow event since): that region moved into the ledger, found by its key, with no read of
-        the whole map; False, and nothing done, for anything else (:meth:`absorb` then looks at them all).
-        Nothing else of the kernel's lies in the range: a process's mappings are disjoint, and a region a slow
-        event cut was taken when that event was applied, before this one."""
-        if (tgid, a) in taken:
-            return False
-        try:
-            v = self.prog[b"regions"][RegionKey(tgid, 0, a)]
-        except KeyError:
-            return False
-        if v.len != length or v.seq >= seq:
-            return False
-        val = self._take(tgid, a)  # what is keyed at an unmapped start stays until user space takes it
-        if val is None or val.seq != v.seq:
-            if val is not None:
-                self._put_back(tgid, a, val)
-            return False
-        taken.add((tgid, a))
-        self.ledger.mmap(tgid, a, val.len, self._kernel_region_origin(tgid, val))
-        return True
-
-    def absorb(self, kmap: dict[int, KernelRegions] | LazyRegions, tgid: int, a: int, b: int,
+    def absorb(self, kmap: dict[int, KernelRegions], tgid: int, a: int, b: int,
                seq: int, taken: set[tuple[int, int]]) -> None:
         """Move kernel regions of ``tgid`` overlapping [a, b) and born before ``seq`` into the ledger."""
         kr = kmap.get(tgid)
@@ -261,8 +266,7 @@ class KernelSide:
             taken.add((tgid, start))
             self.ledger.mmap(tgid, start, val.len, self._kernel_region_origin(tgid, val))
 
-    def drop(self, kmap: dict[int, KernelRegions] | LazyRegions, tgid: int, seq: int,
-             taken: set[tuple[int, int]]) -> None:
+    def drop(self, kmap: dict[int, KernelRegions], tgid: int, seq: int, taken: set[tuple[int, int]]) -> None:
         """Remove from the kernel map the regions of ``tgid`` born before ``seq`` (its exec or exit)."""
         kr = kmap.get(tgid)
         if kr is None:
@@ -290,7 +294,7 @@ class KernelSide:
                     out.append((start, val, self._kernel_region_origin(tgid, val)))
         return out
 
-    def held_before(self, kmap: dict[int, KernelRegions] | LazyRegions, pid: int,
+    def held_before(self, kmap: dict[int, KernelRegions], pid: int,
                     seq: int) -> list[tuple[int, int, int, Origin, int]]:
         """The kernel regions of ``pid`` in ``kmap`` born before ``seq``: (pid, start, end, origin, t_born)."""
         kr = kmap.get(pid)

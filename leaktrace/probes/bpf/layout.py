@@ -23,7 +23,6 @@ EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK
 # The events that carry the call site of their syscall (its caller, the stack key of what it accounts).
 SITE_EVENTS = frozenset({EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT, *LOCK_EVENTS})
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
-MAP_FIXED = 0x10  # an mmap over what was there: MAP_FIXED, or a region the kernel could not keep moved
 MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status
 ANON_FD = 0xFFFFFFFF

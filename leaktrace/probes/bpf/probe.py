@@ -32,7 +32,6 @@ from leaktrace.probes.bpf import loader
 from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
 from leaktrace.probes.bpf.hookpaths import HookPaths
 from leaktrace.probes.bpf.kernel import KernelSide
-from leaktrace.probes.bpf.kregions import LazyRegions
 from leaktrace.probes.bpf.layout import (
     COUNTERS,
     EV_BRK,
@@ -51,7 +50,6 @@ from leaktrace.probes.bpf.layout import (
     EXIT_NO_CODE,
     EXIT_OOM,
     LOCK_EVENTS,
-    MAP_FIXED,
     MREMAP_DONTUNMAP,
     Event,
     WindowEvent,
@@ -294,7 +292,9 @@ class BpfProbe(ProbeBase):
         self._consumed_ns = max(self._consumed_ns, max(e.seq for e in self._queue))
         batch, self._queue = self._queue, []
         self._applied += len(batch)
-        kmap = LazyRegions(self.kernel)
+        needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_SHMAT, EV_EXEC, EV_EXIT)
+                           for e in batch)
+        kmap = self.kernel.scan() if needs_kernel else {}
         self.shm_sizer.new_batch()
         taken: set[tuple[int, int]] = set()
         rows = []
@@ -313,19 +313,18 @@ class BpfProbe(ProbeBase):
             self.ctx.session.append("bpf_events", rows)
         return len(batch) >= MAX_BATCH
 
-    def _apply(self, e: Event, kmap: LazyRegions, taken: set) -> None:
+    def _apply(self, e: Event, kmap: dict, taken: set) -> None:
         pid = e.tgid
         if self.seeds.holds(e):
             return  # already in the process's seed (see AddressSpaceSeeds.seed)
         if e.type == EV_MMAP:
-            if e.flags & MAP_FIXED:  # a plain mmap's range was free: nothing of the kernel's lies there
-                self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             o = origin_of(e)
             self.ledger.mmap(pid, e.addr, e.len, self.origins.growth_origin(e, None) if o.kind == "anon" else o)
             if e.fd != (1 << 64) - 1 and e.prot & 4:
                 self.seeds.library_loaded(pid)
         elif e.type == EV_MUNMAP:
-            self.kernel.absorb_unmapped(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.ledger.munmap(pid, e.addr, e.len)
         elif e.type == EV_MREMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
@@ -386,7 +385,7 @@ class BpfProbe(ProbeBase):
             if self.writer is not None:
                 self.writer.lock_site(pid, origin_of(e, "lock"))
 
-    def _apply_shmat(self, e: Event, kmap: LazyRegions, taken: set) -> None:
+    def _apply_shmat(self, e: Event, kmap: dict, taken: set) -> None:
         """A SysV segment attached: sized by the kernel (a segment a traced process created) or from /proc
         (sysvshm.py), then mapped like an mmap (SHM_REMAP may overlay kernel-owned regions: absorbed first). The
         event row records the size found."""

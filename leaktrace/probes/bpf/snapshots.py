@@ -42,8 +42,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_id
-from leaktrace.probes.bpf.kernel import KernelSide
-from leaktrace.probes.bpf.kregions import KernelRegions, LazyRegions
+from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
 from leaktrace.probes.bpf.layout import EV_FORK, EVENT_NAMES, SITE_EVENTS, Event
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
 from leaktrace.probes.bpf.resident import RegionResidency, resident_by_origin
@@ -253,7 +252,7 @@ class SnapshotRows:
         self.ctx.session.append("ledger_regions", region_rows)
         self.ctx.session.append("bpf_stacks", [self._stack_row(pid, site, o) for (pid, site), o in stack_origin.items()])
 
-    def record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions] | LazyRegions, code: int | None = None,
+    def record_exit(self, pid: int, seq: int, kmap: dict[int, KernelRegions], code: int | None = None,
                     oom: bool = False) -> None:
         """A target exits: what it held at that moment (both halves) becomes its last ledger snapshot, its
         regions and its call stacks, before the exit releases them — the leak of a worker the OOM killer
