@@ -29,9 +29,7 @@ def pinbuf_bin() -> Path:
     return build("pinbuf", ["pinbuf.c"], ldflags=[f"-L{lib.parent}", "-lpinbuf", f"-Wl,-rpath,{lib.parent}"])
 
 
-@pytest.mark.bpf
-def test_an_mlock_leak_is_pinned_with_its_library(spawn, pinbuf_bin, tmp_path):
-    target = spawn([pinbuf_bin, CHUNK, PERIOD_MS])
+def _held_samples(target) -> list[tuple[float, int]]:
     samples: list[tuple[float, int]] = []
 
     def read() -> None:
@@ -40,6 +38,13 @@ def test_an_mlock_leak_is_pinned_with_its_library(spawn, pinbuf_bin, tmp_path):
                 samples.append((time.monotonic(), int(line.split()[1])))
 
     threading.Thread(target=read, daemon=True).start()
+    return samples
+
+
+@pytest.mark.bpf
+def test_an_mlock_leak_is_pinned_with_its_library(spawn, pinbuf_bin, tmp_path):
+    target = spawn([pinbuf_bin, CHUNK, PERIOD_MS])
+    samples = _held_samples(target)
     r = run_cli("hunt", "--pid", target.pid, "--duration", 30, "--format", "json", "--out", tmp_path / "s")
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "s" / "report.json").read_text())
@@ -63,18 +68,6 @@ def test_an_mlock_leak_is_pinned_with_its_library(spawn, pinbuf_bin, tmp_path):
 def lockpool_bin() -> Path:
     lib = build("liblockslice.so", ["lockpool_lib.c"], shared=True)
     return build("lockpool", ["lockpool.c"], ldflags=[f"-L{lib.parent}", "-llockslice", f"-Wl,-rpath,{lib.parent}"])
-
-
-def _held_samples(target) -> list[tuple[float, int]]:
-    samples: list[tuple[float, int]] = []
-
-    def read() -> None:
-        for line in target.popen.stdout:
-            if line.startswith("held "):
-                samples.append((time.monotonic(), int(line.split()[1])))
-
-    threading.Thread(target=read, daemon=True).start()
-    return samples
 
 
 @pytest.mark.bpf
