@@ -283,13 +283,18 @@ class BpfProbe(ProbeBase):
         """Apply at most MAX_BATCH events from the ring; True when the batch was full (more may wait)."""
         if self.kernel.prog is None or self.writer is None:
             return False
-        # The ledger's books run to the last event taken (every event stamped before it was in the ring by
-        # then); the kernel's regions born after it are not yet in its books: snapshots leave them out.
-        self._consumed_ns = time.monotonic_ns()
+        # The ledger's books run to the last event taken; the kernel's regions born after it are not yet in
+        # its books: snapshots leave them out. A consume that emptied the ring took every event stamped
+        # before it began; one cut at MAX_BATCH left later ones waiting (a backlog under load: cut at the
+        # start, the regions mapped during the backlog would count while the unmaps of those they replaced
+        # still wait, an excess that grows as steadily as the backlog does).
+        began = time.monotonic_ns()
         self.kernel.consume()
         if not self._queue:
+            self._consumed_ns = began
             return False
-        self._consumed_ns = max(self._consumed_ns, max(e.seq for e in self._queue))
+        last = max(e.seq for e in self._queue)
+        self._consumed_ns = last if len(self._queue) >= MAX_BATCH else max(began, last)
         batch, self._queue = self._queue, []
         self._applied += len(batch)
         needs_kernel = any(e.type in (EV_MMAP, EV_MUNMAP, EV_MREMAP, EV_MPROTECT, EV_SHMAT, EV_EXEC, EV_EXIT)
