@@ -203,3 +203,22 @@ def test_stop_applies_everything_the_ring_held(tmp_path, driver, monkeypatch) ->
     snaps = reader.table("ledger_snapshots")
     heap = snaps[(snaps["pid"] == driver.pid) & (snaps["kind"] == "heap")]
     assert int(heap[heap["t"] == heap["t"].max()]["outstanding_bytes"].sum()) == count * 4096, heap.tail(3)
+
+
+def test_child_added_before_its_fork_event_keeps_what_it_mapped(tmp_path, driver) -> None:
+    """A child the hunt's process tree names before the ring's FORK event is applied is seeded then (its
+    kernel-owned regions taken into the ledger with their call sites); the FORK applied afterwards must not
+    seed it again: a second seed would mark those regions pre-existing, and the child's leak would lose them."""
+    count, size = 6, 1 << 20
+    tr = Traced(tmp_path / "s", [driver.pid], poll_interval=3600.0)  # only ticks drain the ring
+    tr.tick()
+    (child,) = driver.cmd(f"forkleak {count} {size} 20")
+    assert driver.cmd("forkwait") == [count]
+    tr.probe.add_pid(child)  # as a tick does for a child the process tree shows: its FORK is still in the ring
+    tr.tick()
+    reader = tr.stop()
+    mine = traced_regions(reader, child, "libbpfleak.so")
+    assert int(mine["size"].sum()) == count * size and len(mine) == count, mine
+    snaps = reader.table("ledger_snapshots")
+    last = snaps[(snaps["pid"] == child) & (snaps["t"] == snaps["t"].max()) & (snaps["library"] == "libbpfleak.so")]
+    assert int(last["outstanding_bytes"].sum()) == count * size, last

@@ -353,7 +353,9 @@ class BpfProbe(ProbeBase):
             self.ledger.mprotect(pid, e.addr, e.len, e.prot, cont or self.origins.growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
-            if _is_process(child):
+            # A child the process tree named first (add_target) was seeded after this fork: seeded again, what
+            # it mapped since (its regions taken into the books then) would read as pre-existing.
+            if child not in self._known and _is_process(child):
                 self.symbols.copy_maps(pid, child)
                 self._known.add(child)
                 self.seeds.seed(child)
