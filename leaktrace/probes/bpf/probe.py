@@ -283,15 +283,11 @@ class BpfProbe(ProbeBase):
         """Apply at most MAX_BATCH events from the ring; True when the batch was full (more may wait)."""
         if self.kernel.prog is None or self.writer is None:
             return False
-        # The ledger's books run to the last event taken; the kernel's regions born after it are not yet in
-        # its books: snapshots leave them out. A consume that emptied the ring took every event stamped
-        # before it began; one cut at MAX_BATCH left later ones waiting (a backlog under load: cut at the
-        # start, the regions mapped during the backlog would count while the unmaps of those they replaced
-        # still wait, an excess that grows as steadily as the backlog does).
-        began = time.monotonic_ns()
+        # The books run to the last event taken (snapshots leave out kernel regions born after it): when it
+        # began, for a consume that emptied the ring; else its last event's, as older ones wait behind it.
+        self._consumed_ns = began = time.monotonic_ns()
         self.kernel.consume()
         if not self._queue:
-            self._consumed_ns = began
             return False
         last = max(e.seq for e in self._queue)
         self._consumed_ns = last if len(self._queue) >= MAX_BATCH else max(began, last)
@@ -353,8 +349,7 @@ class BpfProbe(ProbeBase):
             self.ledger.mprotect(pid, e.addr, e.len, e.prot, cont or self.origins.growth_origin(e, kind))
         elif e.type == EV_FORK:
             child = e.aux_pid
-            # A child the process tree named first (add_target) was seeded after this fork: seeded again, what
-            # it mapped since (its regions taken into the books then) would read as pre-existing.
+            # A child named first by the tree (add_target) holds its seed: again, its regions read pre-existing.
             if child not in self._known and _is_process(child):
                 self.symbols.copy_maps(pid, child)
                 self._known.add(child)
