@@ -137,7 +137,13 @@ def test_driver_killed_leaves_no_hunt_no_stopped_target(faults_cluster, tmp_path
         node, pid = faults_cluster.node(name), faults_cluster.fixtures[name].pid
         assert _state(node, pid) in ("R", "S", "D"), f"{name}: leaker state {_state(node, pid)!r}"
         gdbs = subprocess.run([*node.enter(), "pgrep", "-x", "gdb"], capture_output=True, text=True)
-        assert gdbs.stdout.strip() == "", f"{name}: gdb left running: {gdbs.stdout}"
+        assert gdbs.stdout.strip() == "", f"{name}: gdb left running: {gdbs.stdout}\n{_gdb_processes(node)}"
+
+
+def _gdb_processes(node) -> str:
+    """State (Z: a zombie no one reaped; t: tracing), parent, age and command of each gdb on the node."""
+    ps = subprocess.run([*node.enter(), "ps", "-eo", "pid,ppid,stat,etimes,args"], capture_output=True, text=True)
+    return "\n".join(line for line in ps.stdout.splitlines() if "gdb" in line or "PID" in line)
 
 
 def test_node_killed_midhunt_is_reported_and_others_kept(faults_cluster, tmp_path: Path) -> None:
