@@ -73,10 +73,8 @@ def test_spawn_child_after_attach_is_followed(tmp_path, spawn) -> None:
     assert run_cli("report", out).returncode == 0
 
 
-def _groups_of(out, pid: int) -> list[tuple]:
+def _groups_of(out: Path, pid: int) -> list[list]:
     """The process's last ledger snapshot and its regions, by (library, kind): where a missing byte went."""
-    from leaktrace.session import SessionReader
-
     reader = SessionReader(out)
     snaps = reader.table("ledger_snapshots")
     mine = snaps[snaps["pid"] == pid]
