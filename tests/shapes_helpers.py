@@ -32,23 +32,25 @@ def shape_argv(shapes_bin: Path, shape: str, kib_per_s: float, truth: Path, *ext
 
 
 class TruthLog:
-    """The fixture's truth sampled every 50 ms in a thread, so the bytes it held at any moment of the hunt
-    (attach, last snapshot) are known; use as a context manager around the hunt."""
+    """The fixture's truth (a line "t_monotonic value ...": ``field`` picks the value's word) sampled every
+    50 ms in a thread, so what it held at any moment of the hunt (attach, last snapshot) is known; use as a
+    context manager around the hunt."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, field: int = 1) -> None:
         import threading
 
-        self.path, self.samples = path, []
+        self.path, self.field, self.samples = path, field, []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                t, held, _ = self.path.read_text().split()
+                words = self.path.read_text().split()
+                t, held = words[0], words[self.field]
                 if not self.samples or float(t) > self.samples[-1][0]:
                     self.samples.append((float(t), int(held)))
-            except (FileNotFoundError, ValueError):
+            except (FileNotFoundError, ValueError, IndexError):
                 pass
             self._stop.wait(0.05)
 
