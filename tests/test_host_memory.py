@@ -17,7 +17,7 @@ from conftest import run_cli
 from leaktrace.analysis.growth import rate
 from leaktrace.memclass import classify
 from leaktrace.procfs import parse_smaps
-from leaktrace.procfs.meminfo import host_memory_row, parse_meminfo, pinned_from_status
+from leaktrace.procfs.meminfo import host_memory_row, parse_meminfo, parse_pcp_free_pages, pinned_from_status
 
 DATA = Path(__file__).parent / "data" / "proc"
 MB = 1024 * 1024
@@ -33,11 +33,22 @@ def test_meminfo_and_status_parse_to_bytes():
     assert mi["HugePages_Total"] == 0  # a count without a unit stays a count
     row = host_memory_row(mi)
     assert set(row) == {"mem_total", "mem_available", "mem_free", "anon_pages", "shmem", "mapped", "unevictable",
-                        "mlocked", "cached", "vmalloc_used", "slab_unreclaimable", "kernel_stack", "page_tables"}
+                        "mlocked", "cached", "vmalloc_used", "slab_unreclaimable", "kernel_stack", "page_tables",
+                        "pcp_free"}
     assert 0 < row["mem_available"] <= row["mem_total"] and row["anon_pages"] > 0
     assert host_memory_row({})["mem_available"] is None  # a kernel without the key: unknown, not 0
     assert pinned_from_status((DATA / "mlocked.status").read_text()) == {"vm_pin": 0, "vm_lck": 2 * MB, "threads": 4}
     assert pinned_from_status("VmPin:\t   6144 kB\nThreads:\t9\n") == {"vm_pin": 6 * MB, "vm_lck": 0, "threads": 9}
+
+
+def test_per_cpu_free_pages_are_summed_over_every_zone_and_cpu():
+    """A recorded /proc/zoneinfo (kernel 6.18, 2 CPUs, a busy allocator just run): each CPU's pageset count
+    of each zone, nothing else (a zone's own ``pages free`` and the ``high``/``batch`` of a pageset are not)."""
+    lines = (DATA / "host.zoneinfo").read_text().splitlines()
+    per_cpu = [int(lines[i + 1].split()[1]) for i, ln in enumerate(lines) if ln.strip().startswith("cpu:")]
+    assert len(per_cpu) >= 4 and sum(per_cpu) > 0
+    assert parse_pcp_free_pages("\n".join(lines)) == sum(per_cpu)
+    assert parse_pcp_free_pages("Node 0, zone   Normal\n  pages free     3\n        count: 7\n") == 0
 
 
 def test_driver_mappings_are_driver_class():

@@ -5,7 +5,8 @@ explain (tables ``host_memory`` and ``host_procs`` of the host probe, leaktrace/
 The host's loss is the fall of MemAvailable (its rate over the hunt, noise-aware as every rate:
 analysis/growth.rate). What processes explain is the growth of every process's anonymous memory (meminfo's
 AnonPages: the series judged is MemAvailable + AnonPages, in which a process's allocation cancels, so other
-workloads of a shared host coming and going by hundreds of MB a second leave it alone) and the hunted
+workloads of a shared host coming and going by hundreds of MB a second leave it alone; and + the free pages the
+kernel parks in its per-CPU lists, out of MemAvailable, by hundreds of MB under an allocator's churn) and the hunted
 processes' growth beyond their anonymous memory (PSS less anonymous: their shared and file pages). What is
 left — ``unattributed`` — is host
 memory no process holds: pinned host buffers a driver keeps (a GPU runtime's pinned staging pages, RDMA
@@ -109,9 +110,11 @@ def host_memory(reader: TableSource, procs: pd.DataFrame) -> HostMemory | None:
         return None
     loss = rate(avail["t"].to_numpy(dtype=float), -avail["mem_available"].to_numpy(dtype=float))
     both = hm[["t", "mem_available", "anon_pages"]].dropna()
+    # free pages parked in the per-CPU lists are out of MemAvailable: free memory, held by no one
+    pcp = hm["pcp_free"] if "pcp_free" in hm and hm["pcp_free"].notna().all() else 0
     unheld = loss if len(both) < len(avail) else rate(
-        both["t"].to_numpy(dtype=float), -(both["mem_available"] + both["anon_pages"]).to_numpy(dtype=float),
-        )
+        both["t"].to_numpy(dtype=float),
+        -(both["mem_available"] + both["anon_pages"] + pcp).to_numpy(dtype=float))
     hunted = float(procs["pss_mb_per_min"].sum()) if not procs.empty else 0.0
     hunted_anon = float(procs["anon_mb_per_min"].sum()) if not procs.empty else 0.0
     out = HostMemory(loss, unheld, hunted, hunted_anon)

@@ -2,7 +2,8 @@
 
 Memory that no process maps — pinned host buffers a driver keeps (RDMA registrations, a GPU runtime's pinned
 staging pages), tmpfs files nobody maps, kernel allocations — never shows in a process's RSS: only the
-host's MemAvailable falls. Writes ``host_memory`` (the sampled /proc/meminfo keys, one row a tick) and
+host's MemAvailable falls. Writes ``host_memory`` (the sampled /proc/meminfo keys and the free pages of the
+per-CPU lists, from /proc/zoneinfo, one row a tick) and
 ``host_procs`` (VmPin, VmLck and the live threads of each target, one row per target a tick): one small
 read each, no target ever stopped.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntOptions, RereadingProbe
-from leaktrace.procfs.meminfo import host_memory_row, read_meminfo, read_pinned
+from leaktrace.procfs.meminfo import host_memory_row, read_meminfo, read_pcp_free, read_pinned
 
 
 class HostMemoryProbe(RereadingProbe):
@@ -29,7 +30,7 @@ class HostMemoryProbe(RereadingProbe):
         assert self.ctx is not None
         now = self.ctx.session.now()
         try:
-            row = {"t": now, **host_memory_row(read_meminfo())}
+            row = {"t": now, **host_memory_row(read_meminfo(), read_pcp_free())}
         except OSError as e:
             if not self._unreadable:
                 self.ctx.warn(f"host: /proc/meminfo unreadable ({e}): host memory not sampled")

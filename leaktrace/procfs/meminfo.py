@@ -41,10 +41,31 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def host_memory_row(meminfo: dict[str, int]) -> dict[str, int | None]:
+def host_memory_row(meminfo: dict[str, int], pcp_free: int | None = None) -> dict[str, int | None]:
     """The sampled keys of a parsed /proc/meminfo under the table's column names (None when absent:
-    MemAvailable needs Linux ≥ 3.14)."""
-    return {col: meminfo.get(key) for key, col in MEMINFO_KEYS.items()}
+    MemAvailable needs Linux ≥ 3.14), and ``pcp_free`` (``parse_pcp_free_pages`` in bytes, None unread)."""
+    return {**{col: meminfo.get(key) for key, col in MEMINFO_KEYS.items()}, "pcp_free": pcp_free}
+
+
+def parse_pcp_free_pages(zoneinfo: str) -> int:
+    """Free pages parked in the per-CPU page lists of every zone: the ``count:`` of each CPU under a zone's
+    ``pagesets`` in /proc/zoneinfo. The kernel takes them out of MemFree (and so MemAvailable) when it moves
+    them there; kernels from 6.7 size these lists to the allocation traffic (each CPU's ``high_max``: hundreds
+    of MB on a large zone), so a process freeing memory fast leaves the host looking hundreds of MB short for
+    as long as it churns."""
+    pages, in_pagesets = 0, False
+    for line in zoneinfo.splitlines():
+        word = line.strip()
+        if line.startswith("Node "):
+            in_pagesets = False
+        elif word == "pagesets":
+            in_pagesets = True
+        elif in_pagesets and word.startswith("count:"):
+            try:
+                pages += int(word.split()[1])
+            except (IndexError, ValueError):
+                continue
+    return pages
 
 
 def pinned_from_status(text: str) -> dict[str, int]:
@@ -58,6 +79,16 @@ def read_meminfo(proc: str | None = None) -> dict[str, int]:
     """/proc/meminfo parsed; OSError when /proc is not readable (no process to be gone here)."""
     with open(os.path.join(proc or procfs.PROC, "meminfo"), encoding="ascii", errors="replace") as f:
         return parse_meminfo(f.read())
+
+
+def read_pcp_free(proc: str | None = None) -> int | None:
+    """Bytes of free pages in the per-CPU lists (``parse_pcp_free_pages``); None when /proc/zoneinfo is
+    unreadable (a restricted container)."""
+    try:
+        with open(os.path.join(proc or procfs.PROC, "zoneinfo"), encoding="ascii", errors="replace") as f:
+            return parse_pcp_free_pages(f.read()) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
 
 
 def read_pinned(pid: int) -> dict[str, int]:

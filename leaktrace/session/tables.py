@@ -132,7 +132,7 @@ _DECLARED = (
     # pinned by drivers; VmLck: mlock()ed) with its live threads.
     Table("host_memory", _cols("t:f mem_total:i mem_available:i mem_free:i anon_pages:i shmem:i mapped:i "
                                "unevictable:i mlocked:i cached:i vmalloc_used:i slab_unreclaimable:i "
-                               "kernel_stack:i page_tables:i")),
+                               "kernel_stack:i page_tables:i") + _cols("pcp_free:i", since=2)),
     Table("host_procs", _cols("t:f pid:i vm_pin:i vm_lck:i threads:i")),
     # glibc malloc's books (probes/mallocstate): mallinfo2()'s figures; complete: every list walked through.
     # host_cpus, cpu_limit (cgroup cpu.max in CPUs, -1 none) and settings (MALLOC_*): read once per process.
