@@ -11,6 +11,11 @@ from leaktrace.probes.gdb.probe import GROWTH_TRIGGER_BYTES, LEDGER_TRIGGER_BYTE
 MB = 1 << 20
 
 
+def _ledger(since_attach: dict[int, int]) -> dict[str, dict[int, int]]:
+    """The eBPF probe's per-process figures for processes that mapped ``since_attach`` on top of 900 MB."""
+    return {"outstanding_by_pid": since_attach, "mapped_by_pid": {p: 900 * MB + n for p, n in since_attach.items()}}
+
+
 def _probe(pids: list[int]) -> tuple[GdbProbe, LiveFigures]:
     probe = GdbProbe(HuntOptions())
     live = LiveFigures()
@@ -25,13 +30,13 @@ def test_the_process_growing_most_past_its_trigger_is_sampled_first() -> None:
     server, worker, quiet = 101, 202, 303
     probe, live = _probe([server, worker, quiet])
     live.rollup = {p: {"rss": 500 * MB, "anon": 100 * MB} for p in (server, worker, quiet)}
-    live.bpf = {"outstanding_by_pid": {server: 0, worker: 0, quiet: 0}}
+    live.bpf = _ledger({server: 0, worker: 0, quiet: 0})
     probe._enqueue_due()  # first figures: nothing grew yet
     assert probe.next_due() is None
     live.rollup = {server: {"rss": 500 * MB + GROWTH_TRIGGER_BYTES, "anon": 100 * MB},
                    worker: {"rss": 505 * MB, "anon": 105 * MB}, quiet: {"rss": 501 * MB, "anon": 100 * MB}}
-    live.bpf = {"outstanding_by_pid": {server: LEDGER_TRIGGER_BYTES * 3 // 2, worker: 3 * LEDGER_TRIGGER_BYTES,
-                                       quiet: 1 * MB}}
+    live.bpf = _ledger({server: LEDGER_TRIGGER_BYTES * 3 // 2, worker: 3 * LEDGER_TRIGGER_BYTES,
+                                       quiet: 1 * MB})
     probe._enqueue_due()
     assert [probe.next_due(), probe.next_due(), probe.next_due()] == [worker, server, None]
 
@@ -42,7 +47,7 @@ def test_rss_growth_alone_is_due_only_without_the_ledger() -> None:
     for ledger_live, due in ((True, None), (False, 7)):
         probe, live = _probe([7])
         live.rollup = {7: {"rss": 500 * MB, "anon": 100 * MB}}
-        live.bpf = {"outstanding_by_pid": {7: 0}} if ledger_live else {}
+        live.bpf = _ledger({7: 0}) if ledger_live else {}
         probe._enqueue_due()
         live.rollup = {7: {"rss": 500 * MB + 4 * GROWTH_TRIGGER_BYTES, "anon": 100 * MB + 4 * GROWTH_TRIGGER_BYTES}}
         probe._enqueue_due()
@@ -51,12 +56,12 @@ def test_rss_growth_alone_is_due_only_without_the_ledger() -> None:
 
 def test_a_process_is_sampled_once() -> None:
     probe, live = _probe([7])
-    live.bpf = {"outstanding_by_pid": {7: 0}}
+    live.bpf = _ledger({7: 0})
     probe._enqueue_due()
-    live.bpf = {"outstanding_by_pid": {7: LEDGER_TRIGGER_BYTES}}
+    live.bpf = _ledger({7: LEDGER_TRIGGER_BYTES})
     probe._enqueue_due()
     assert probe.next_due() == 7
-    live.bpf = {"outstanding_by_pid": {7: 10 * LEDGER_TRIGGER_BYTES}}
+    live.bpf = _ledger({7: 10 * LEDGER_TRIGGER_BYTES})
     probe._enqueue_due()
     assert probe.next_due() is None
 
@@ -85,7 +90,7 @@ def test_a_call_site_that_keeps_growing_makes_its_process_due_with_that_site() -
     probe, live = _probe([7])
     steps = [(0, 4 * MB), (MB // 2, 0), (MB // 2, 4 * MB), (MB, 1 * MB), (SITE_TRIGGER_BYTES + MB // 2, 5 * MB)]
     for i, (grown, churned) in enumerate(steps):
-        live.bpf = {"outstanding_by_pid": {7: grown + churned}, "top_sites": [_site(7, leak, grown), _site(7, churn, churned)]}
+        live.bpf = {**_ledger({7: grown + churned}), "top_sites": [_site(7, leak, grown), _site(7, churn, churned)]}
         probe._enqueue_due()
         due = probe.next_due()
         assert due == (7 if i == len(steps) - 1 else None), (i, due)
@@ -94,11 +99,31 @@ def test_a_call_site_that_keeps_growing_makes_its_process_due_with_that_site() -
     assert stack_libraries(site["frames"]) == {"libc.so.6", "libucm.so.0", "libucs.so.0", "libstdc++.so.6"}
 
 
+def test_a_churner_replacing_what_it_held_at_attach_is_not_due() -> None:
+    """A ring of sixteen 256 KiB buffers, each unmapped and mapped again, held at attach: what it mapped since
+    attach climbs from 0 to 4 MiB as the ring is replaced (in as many ticks as the first snapshot is late),
+    its call site reaching a new high at each, while all the process maps stays flat. Nothing grew."""
+    probe, live = _probe([7])
+    held_at_attach = 16 * (MB // 4)
+    for replaced in range(0, 17, 4):
+        since = replaced * (MB // 4)
+        live.bpf = {"outstanding_by_pid": {7: since}, "mapped_by_pid": {7: 900 * MB + held_at_attach},
+                    "top_sites": [_site(7, 0x5000, since)]}
+        probe._enqueue_due()
+        assert probe.next_due() is None, replaced
+    # the same site going on past the ring, the process's mappings with it: a leak, due
+    for extra in (1, 2, 3, 4):
+        live.bpf = {"outstanding_by_pid": {7: held_at_attach + extra * MB},
+                    "mapped_by_pid": {7: 900 * MB + held_at_attach + extra * MB}, "top_sites": [_site(7, 0x5000, held_at_attach + extra * MB)]}
+        probe._enqueue_due()
+    assert probe.next_due() == 7
+
+
 def test_a_heap_site_gives_no_breakpoint() -> None:
     """A heap growth's site is malloc's caller: a breakpoint there would stop at every malloc it makes."""
     probe, live = _probe([7])
     for n in (0, MB, 2 * MB, 3 * MB):
-        live.bpf = {"outstanding_by_pid": {7: n}, "top_sites": [_site(7, 0x5000, n, kind="heap")]}
+        live.bpf = {**_ledger({7: n}), "top_sites": [_site(7, 0x5000, n, kind="heap")]}
         probe._enqueue_due()
     assert probe.growing_site(7) is None
 

@@ -68,7 +68,9 @@ class LiveFigures:
 
     rollup: dict[int, dict[str, Any]] = field(default_factory=dict)  # watcher: smaps_rollup row per pid
     # bpf: outstanding_bytes, events, lost_events, outstanding_by_library {library: bytes},
-    # outstanding_by_pid {pid: bytes} (what each process mapped since attach and still holds), top_sites [{pid,
+    # outstanding_by_pid {pid: bytes} (what each process mapped since attach and still holds), mapped_by_pid {pid:
+    # bytes} (all it maps in the books, pre-existing included: a churner replacing what it held at attach keeps it
+    # flat while its since-attach figure climbs from 0), top_sites [{pid,
     # site, ip, kind, bytes, frames, break_at}] (the call sites holding most of that, per process: gdb stops there)
     bpf: dict[str, Any] = field(default_factory=dict)
     gdb: dict[str, Any] = field(default_factory=dict)  # gdb: runs, samples, paused_s

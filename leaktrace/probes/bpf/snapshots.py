@@ -129,6 +129,7 @@ class SnapshotRows:
         t = self.ctx.session.now()
         groups: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0])
         sites: dict[tuple[int, int, int, int, str], int] = defaultdict(int)  # (pid, site, ip, stack_id, kind)
+        mapped: dict[int, int] = defaultdict(int)  # pid -> every byte the books hold, pre-existing included
         for pid, starts, ends, oids, origins in self.kernel.outstanding_columns(born_by):
             key = (pid, id(origins))
             resident = self._stop_resident.get(key, self._tick_resident.get(key)) if self.final else None
@@ -138,6 +139,8 @@ class SnapshotRows:
                 self._tick_resident[key] = resident
             for oid, nbytes, n in sum_by_id(oids, starts, ends):
                 o = origins[oid]
+                if o.kind != "reserve":
+                    mapped[pid] += nbytes
                 if not o.counted:
                     continue
                 g = groups[(pid, self.libraries.of(pid, o), o.kind)]
@@ -163,6 +166,7 @@ class SnapshotRows:
         self.ctx.live.bpf = {"outstanding_bytes": total, "events": counters["syscalls"],
                                 "lost_events": counters["lost_events"],
                                 "outstanding_by_library": dict(by_library), "outstanding_by_pid": dict(by_pid),
+                                "mapped_by_pid": dict(mapped),
                                 "top_sites": self.scanner.top_sites(sites, self.stack_frames)}
 
     def read_before_stop(self, born_by: int | None) -> None:

@@ -22,14 +22,15 @@ DEFAULT_SAMPLES_ON_GROWTH = 20  # --gdb-samples unset: this many per process, on
 DEFAULT_SECONDS_PER_PROCESS = 10.0
 GROWTH_TRIGGER_BYTES = 8 << 20  # RSS above its first reading by this much → worth a few stacks
 # ... or the eBPF ledger's count of what it mapped since attach and still holds, grown by this much since its
-# first snapshot (not the count itself: a vLLM API server holds ~10 MB of flat Python arenas). Exact, so a
-# lower bar, and known at once: RSS can take most of a hunt to grow by 8 MB (a loaded vLLM worker's UCX leak:
-# 53 s of 90), and gdb's symbol read (~30 s) must end while the load lasts for a stack to be sampled.
+# first snapshot, as all it maps did (not the count itself: a vLLM API server holds ~10 MB of flat Python
+# arenas). Exact, so a lower bar, and known at once: RSS can take most of a hunt to grow by 8 MB (a loaded vLLM
+# worker's UCX leak: 53 s of 90), and gdb's symbol read (~30 s) must end while the load lasts for a stack to be
+# sampled.
 LEDGER_TRIGGER_BYTES = 4 << 20
-# ... or one call site of the ledger (LiveFigures.bpf["top_sites"]) whose held bytes reached a new high at this many
-# ticks, never falling back below their first reading, and grew this much in all (a slow leak's pool chunks come
-# every few ticks): gdb then stops only there (a breakpoint at that return address) and reads the symbols of
-# its stack's libraries only (seconds, not the minute of a torch process's all).
+# ... or one call site of the ledger (LiveFigures.bpf["top_sites"]) whose held bytes reached a new high at this
+# many ticks, never falling back below their first reading, and grew this much in all, as all the process maps
+# did (a slow leak's pool chunks come every few ticks): gdb then stops only there (a breakpoint at that return
+# address) and reads the symbols of its stack's libraries only (seconds, not the minute of a torch process's all).
 SITE_TRIGGER_TICKS = 3
 SITE_TRIGGER_BYTES = 1 << 20
 MAPPING_KINDS = ("anon", "file", "shm")  # sites whose call returns the address it mapped (joined by address)
@@ -45,7 +46,7 @@ class GdbProbe(ProbeBase):
     """Samples each process of the target tree in turn, in a background thread.
 
     ``--gdb-samples N`` (N>0): every live process once, N mmap/mremap stacks each (or 10 s, or the
-    budget). Unset: only processes whose ledger count (mapped since attach, still held) grew by
+    budget). Unset: only processes whose ledger count (mapped since attach, still held, and all mapped) grew by
     ``LEDGER_TRIGGER_BYTES`` or one of whose call sites grows, or, without the eBPF ledger, whose RSS or
     anonymous memory grew by ``GROWTH_TRIGGER_BYTES`` since first seen (the watcher's figures),
     ``DEFAULT_SAMPLES_ON_GROWTH`` stacks each, once. gdb unusable (missing, no
@@ -107,22 +108,29 @@ class GdbProbe(ProbeBase):
         # call exactly, so growth it does not hold happened without one (pages touched in memory mapped
         # earlier) and gdb's stacks at those calls would be of unrelated churn, after a symbol read that
         # costs a minute of CPU in a vLLM process.
+        # What a process mapped since attach climbs from 0 to a churner's whole working set as the churner
+        # replaces what it held at attach (the later the first snapshot, the more of it), while all it maps,
+        # pre-existing mappings included, stays flat: ledger growth counts where both grew, a call site's where
+        # all the process maps grew with it.
         rollup = {} if self.ctx.live.bpf else self.ctx.live.rollup
         held = self.ctx.live.bpf.get("outstanding_by_pid") or {}
+        mapped = self.ctx.live.bpf.get("mapped_by_pid") or {}
         for pid in live:
             figures = rollup.get(pid) or {}
+            grown: dict[str, float] = {}
+            for key, value in (("rss", figures.get("rss")), ("anon", figures.get("anon")),
+                               ("ledger", held.get(pid)), ("mapped", mapped.get(pid))):
+                if value is not None:
+                    grown[key] = value - self._first_seen.setdefault((pid, key), value)
+            net = grown.get("mapped", float("inf"))  # unknown: as before it was published
+            ratios = [grown[k] / GROWTH_TRIGGER_BYTES for k in ("rss", "anon") if k in grown]
+            if "ledger" in grown:
+                ratios.append(min(grown["ledger"], net) / LEDGER_TRIGGER_BYTES)
             site = growing.get(pid)
-            score = None
-            if site and site.highs >= SITE_TRIGGER_TICKS and site.grown >= SITE_TRIGGER_BYTES:
-                score = site.grown / SITE_TRIGGER_BYTES
-            for key, value, trigger in (("rss", figures.get("rss"), GROWTH_TRIGGER_BYTES),
-                                        ("anon", figures.get("anon"), GROWTH_TRIGGER_BYTES),
-                                        ("ledger", held.get(pid), LEDGER_TRIGGER_BYTES)):
-                if value is None:
-                    continue
-                grown = (value - self._first_seen.setdefault((pid, key), value)) / trigger
-                if grown >= 1.0:
-                    score = max(score or 0.0, grown)
+            if (site and site.highs >= SITE_TRIGGER_TICKS and site.grown >= SITE_TRIGGER_BYTES
+                    and net >= SITE_TRIGGER_BYTES):
+                ratios.append(site.grown / SITE_TRIGGER_BYTES)
+            score = max((r for r in ratios if r >= 1.0), default=None)
             if score is not None:
                 self._enqueue(pid, score)
 
