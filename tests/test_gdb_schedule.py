@@ -35,8 +35,7 @@ def test_the_process_growing_most_past_its_trigger_is_sampled_first() -> None:
     assert probe.next_due() is None
     live.rollup = {server: {"rss": 500 * MB + GROWTH_TRIGGER_BYTES, "anon": 100 * MB},
                    worker: {"rss": 505 * MB, "anon": 105 * MB}, quiet: {"rss": 501 * MB, "anon": 100 * MB}}
-    live.bpf = _ledger({server: LEDGER_TRIGGER_BYTES * 3 // 2, worker: 3 * LEDGER_TRIGGER_BYTES,
-                                       quiet: 1 * MB})
+    live.bpf = _ledger({server: LEDGER_TRIGGER_BYTES * 3 // 2, worker: 3 * LEDGER_TRIGGER_BYTES, quiet: 1 * MB})
     probe._enqueue_due()
     assert [probe.next_due(), probe.next_due(), probe.next_due()] == [worker, server, None]
 

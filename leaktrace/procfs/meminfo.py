@@ -64,7 +64,7 @@ def parse_pcp_free_pages(zoneinfo: str) -> int:
             try:
                 pages += int(word.split()[1])
             except (IndexError, ValueError):
-                continue
+                pass  # a line cut short: the others still count
     return pages
 
 

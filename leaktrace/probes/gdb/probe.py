@@ -122,7 +122,7 @@ class GdbProbe(ProbeBase):
                                ("ledger", held.get(pid)), ("mapped", mapped.get(pid))):
                 if value is not None:
                     grown[key] = value - self._first_seen.setdefault((pid, key), value)
-            net = grown.get("mapped", float("inf"))  # unknown: as before it was published
+            net = grown.get("mapped", float("inf"))  # no such figure (the eBPF layer not live): no gate
             ratios = [grown[k] / GROWTH_TRIGGER_BYTES for k in ("rss", "anon") if k in grown]
             if "ledger" in grown:
                 ratios.append(min(grown["ledger"], net) / LEDGER_TRIGGER_BYTES)
