@@ -28,7 +28,7 @@ from shapes_helpers import TruthLog
 
 from leaktrace.analysis.candidates import is_doubtful, is_leaking, plateau_evidence
 from leaktrace.analysis.growth import MB, process_rates, rate
-from leaktrace.analysis.ledger import replaced_preexisting
+from leaktrace.analysis.preexisting import replaced_preexisting
 from leaktrace.analysis.series import growth_stop, rate_interval
 
 T = np.arange(0, 61, 1.0)  # a 60 s hunt, one watcher tick a second
