@@ -232,9 +232,43 @@ def test_replaced_preexisting_counts_each_preexisting_page_once():
     munmap = [(1.0, 0x10000, 0x10000, 0x400100), (2.0, 0x18000, 0x8000, 0x400100),  # the second: already gone
               (3.0, 0x40000, 0x4000, 0x999), (4.0, 0x60000, 0x1000, 0x400100)]  # site in no file; not pre-existing
     events = pd.DataFrame({"t": [m[0] for m in munmap], "type": "munmap", "pid": 1, "addr": [m[1] for m in munmap],
-                           "len": [m[2] for m in munmap], "site": [m[3] for m in munmap], "result": 0})
+                           "len": [m[2] for m in munmap], "site": [m[3] for m in munmap], "result": 0,
+                           "flags": 0, "new_len": 0})
     got = replaced_preexisting(_Tables(regions=regions, bpf_events=events), 1)
     assert list(got.itertuples(index=False, name=None)) == [(1.0, 0x10000, "libfoo.so"), (3.0, 0x4000, "?")]
+
+
+def _calls(*calls: tuple[float, str, int, int, int, int, int]) -> pd.DataFrame:
+    """Events as the probe writes them: (t, type, addr, len, new_len, flags, result), all from libfoo.so."""
+    return pd.DataFrame([{"t": t, "type": ty, "pid": 1, "addr": a, "len": n, "new_len": nn, "flags": f,
+                          "result": r, "site": 0x400100} for t, ty, a, n, nn, f, r in calls])
+
+
+def test_replaced_preexisting_follows_memory_that_mremap_moves():
+    """A pre-existing 1 MiB buffer grown by mremap moves away: the move releases nothing, its old addresses
+    (reused by new mappings of the hunt and unmapped again) are no longer pre-existing, and what it carried
+    counts when it is unmapped at its new address. A shrink in place releases its tail, a MAP_FIXED mapping
+    what it overlays, a shrinking move what it leaves behind; a grow in place releases nothing."""
+    mib = 0x100000
+    regions = pd.DataFrame({"t": [0.0, 0.0, 9.0], "pid": 1, "snapshot": ["first", "first", "last"],
+                            "start": [0x10000000, 0x30000000, 0x400000],
+                            "end": [0x10000000 + mib, 0x30000000 + 4 * mib, 0x500000],
+                            "cls": ["anon", "anon", "lib"], "path": ["", "", "/opt/x/libfoo.so"]})
+    move = 1  # MREMAP_MAYMOVE
+    events = _calls(
+        (1.0, "mremap", 0x10000000, mib, 2 * mib, move, 0x20000000),  # moved: nothing released
+        (2.0, "mmap", 0x10000000, mib, 0, 0x22, 0x10000000),  # its old addresses reused by a new mapping...
+        (3.0, "munmap", 0x10000000, mib, 0, 0, 0),  # ...and released: not pre-existing memory
+        (4.0, "mremap", 0x20000000, 2 * mib, 3 * mib, move, 0x20000000),  # grow in place: nothing
+        (5.0, "munmap", 0x20000000, 3 * mib, 0, 0, 0),  # the moved buffer freed: its pre-existing 1 MiB
+        (6.0, "mremap", 0x30000000, 4 * mib, 3 * mib, move, 0x30000000),  # shrink in place: 1 MiB
+        (7.0, "mmap", 0x30000000, mib // 2, 0, 0x12, 0x30000000),  # MAP_FIXED over 512 KiB of it
+        (8.0, "mremap", 0x30000000 + mib, 2 * mib, mib, move, 0x38000000),  # shrinking move: 1 MiB left behind
+        (9.0, "munmap", 0x38000000, mib, 0, 0, 0))  # the rest, at its new address
+    got = replaced_preexisting(_Tables(regions=regions, bpf_events=events), 1)
+    assert list(got.itertuples(index=False, name=None)) == [
+        (5.0, mib, "libfoo.so"), (6.0, mib, "libfoo.so"), (7.0, mib // 2, "libfoo.so"),
+        (8.0, mib, "libfoo.so"), (9.0, mib, "libfoo.so")]
 
 
 def test_ledger_growth_that_stopped_too_late_makes_the_verdict_inconclusive():

@@ -7,6 +7,7 @@ A library's ledger growth is net of the anonymous memory that existed at attach 
 
 from __future__ import annotations
 
+import bisect
 import os
 from typing import Any
 
@@ -27,12 +28,78 @@ def _library_at(maps: pd.DataFrame, addr: int) -> str:
     return os.path.basename(str(maps["path"].iloc[i]))
 
 
+MAP_FIXED = 0x10
+MREMAP_DONTUNMAP = 4
+
+
+class PreexistingSet:
+    """The address ranges that hold pre-existing anonymous memory: sorted, disjoint [start, end) pairs.
+    ``cut`` takes a range out and returns the bytes it held; ``add`` puts ranges (moved memory) in."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.ranges = [(int(a), int(b)) for a, b in zip(starts, ends, strict=True) if b > a]
+
+    def cut(self, a: int, b: int) -> list[tuple[int, int]]:
+        """Remove [a, b); the pieces it held, in address order."""
+        i = bisect.bisect_right(self.ranges, (a, a)) - 1
+        i = max(i, 0)
+        taken: list[tuple[int, int]] = []
+        kept: list[tuple[int, int]] = []
+        j = i
+        while j < len(self.ranges) and self.ranges[j][0] < b:
+            s, e = self.ranges[j]
+            if e <= a:
+                kept.append((s, e))
+            else:
+                if s < a:
+                    kept.append((s, a))
+                taken.append((max(s, a), min(e, b)))
+                if e > b:
+                    kept.append((b, e))
+            j += 1
+        if taken:
+            self.ranges[i:j] = kept
+        return taken
+
+    def add(self, pieces: list[tuple[int, int]]) -> None:
+        for s, e in pieces:
+            self.cut(s, e)
+            bisect.insort(self.ranges, (s, e))
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return (np.array([r[0] for r in self.ranges], dtype=np.int64),
+                np.array([r[1] for r in self.ranges], dtype=np.int64))
+
+
+def _releases(events: pd.DataFrame) -> pd.DataFrame:
+    """The successful calls that can take memory away from a range, in time order, with the range they act
+    on (a, b): munmap; mremap (its old range; ``moved_to`` the new address when it moved); mmap MAP_FIXED
+    (what it overlays is replaced)."""
+    ok_remap = (events["type"] == "mremap") & (events["result"] > 0) & (events["result"] % PAGE == 0)
+    fixed = ((events["type"] == "mmap") & ((events["flags"] & MAP_FIXED) != 0)
+             & (events["result"] == events["addr"]))
+    ev = events[((events["type"] == "munmap") & (events["result"] == 0)) | ok_remap | fixed].sort_values("t")
+    a = ev["addr"].to_numpy(dtype=np.int64)
+    length = (ev["len"].to_numpy(dtype=np.int64) + PAGE - 1) // PAGE * PAGE
+    return ev.assign(a=a, b=a + length)
+
+
+def _overlaps(a: np.ndarray, b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which [a, b) overlap any of the sorted, disjoint [starts, ends)."""
+    if not len(starts):
+        return np.zeros(len(a), dtype=bool)
+    k = np.searchsorted(ends, a, side="right")
+    return (k < len(starts)) & (starts[np.minimum(k, len(starts) - 1)] < b)
+
+
 def replaced_preexisting(reader: TableSource, pid: int) -> pd.DataFrame:
     """Each release, since attach, of anonymous memory that existed before it: (t, bytes, library of the
-    call site that unmapped it). The pre-existing anonymous mappings are the watcher's first full snapshot
-    of the process; each of their pages counts once, at the first traced munmap that covers it (its
-    address may be reused by a new mapping later). Munmaps of memory the kernel side does not know
-    (pre-existing) always reach the event stream."""
+    call site that released it). The pre-existing anonymous mappings are the watcher's first full snapshot
+    of the process; each byte counts once, at the first traced munmap that covers it, the mremap shrink
+    that trims it or the MAP_FIXED mapping that overlays it. An mremap that moves pre-existing memory
+    releases nothing: the memory moves with it (a later release at its new address counts), and its old
+    addresses, free then and reused by new mappings, are no longer pre-existing. Calls on memory the kernel
+    side does not know (pre-existing) always reach the event stream."""
     regions, events = reader.table("regions"), reader.table("bpf_events")
     empty = pd.DataFrame(columns=REPLACED_COLUMNS)
     if regions.empty or events.empty:
@@ -40,37 +107,44 @@ def replaced_preexisting(reader: TableSource, pid: int) -> pd.DataFrame:
     mine = regions[regions["pid"] == pid]
     first = mine[mine["snapshot"] == "first"]
     pre = first[first["cls"] == "anon"].sort_values("start")
-    un = events[(events["pid"] == pid) & (events["type"] == "munmap") & (events["result"] == 0)]
-    if pre.empty or un.empty:
+    ev = _releases(events[events["pid"] == pid])
+    if pre.empty or ev.empty:
         return empty
-    starts = pre["start"].to_numpy(dtype=np.int64)
-    ends = pre["end"].to_numpy(dtype=np.int64)
-    base = np.concatenate([[0], np.cumsum((ends - starts) // PAGE)])
-    held = np.ones(int(base[-1]), dtype=bool)
-    un = un.sort_values("t")
-    a = un["addr"].to_numpy(dtype=np.int64)
-    b = a + (un["len"].to_numpy(dtype=np.int64) + PAGE - 1) // PAGE * PAGE
-    first_after = np.searchsorted(ends, a, side="right")
-    hit = (first_after < len(starts)) & (starts[np.minimum(first_after, len(starts) - 1)] < b)
-    ts, sites = un["t"].to_numpy(dtype=float), un["site"].to_numpy(dtype=np.int64)
-    rows, left = [], len(held)
-    remaining = [int(n) for n in np.diff(base)]  # pages of each pre-existing mapping not yet released
-    for k in np.flatnonzero(hit):
-        j, got = int(first_after[k]), 0
-        while j < len(starts) and starts[j] < b[k]:
-            lo, hi = max(a[k], starts[j]), min(b[k], ends[j])
-            if hi > lo and remaining[j]:  # an address reused since its release counts nothing
-                pages = slice(int(base[j] + (lo - starts[j]) // PAGE), int(base[j] + (hi - starts[j]) // PAGE))
-                n = int(held[pages].sum())
-                held[pages] = False
-                remaining[j] -= n
-                got += n
-            j += 1
+    held = PreexistingSet(pre["start"].to_numpy(dtype=np.int64), pre["end"].to_numpy(dtype=np.int64))
+    # Only calls on a range pre-existing memory can be in (where it was at attach, or where a move put it)
+    # are walked: moved memory can land only in some mremap's new range.
+    remap = ev[ev["type"] == "mremap"]
+    dest = PreexistingSet(np.zeros(0), np.zeros(0))
+    dest.add(list(zip(*held.bounds(), strict=True)))
+    dest.add([(int(r), int(r) + (int(n) + PAGE - 1) // PAGE * PAGE)
+              for r, n in zip(remap["result"], remap["new_len"], strict=True)])
+    ds, de = dest.bounds()
+    a, b = ev["a"].to_numpy(dtype=np.int64), ev["b"].to_numpy(dtype=np.int64)
+    walk = np.flatnonzero(_overlaps(a, b, ds, de))
+    types, ts = ev["type"].to_numpy(), ev["t"].to_numpy(dtype=float)
+    sites, flags = ev["site"].to_numpy(dtype=np.int64), ev["flags"].to_numpy(dtype=np.int64)
+    results, new_len = ev["result"].to_numpy(dtype=np.int64), ev["new_len"].to_numpy(dtype=np.int64)
+    rows = []
+    for k in walk:
+        lo, hi, got = int(a[k]), int(b[k]), 0
+        if types[k] != "mremap":
+            got = sum(e - s for s, e in held.cut(lo, hi))
+        else:
+            keep = (int(new_len[k]) + PAGE - 1) // PAGE * PAGE
+            to = int(results[k])
+            if to == lo:  # in place: a shrink releases its tail, a grow adds memory of the hunt
+                got = sum(e - s for s, e in held.cut(lo + keep, hi)) if keep < hi - lo else 0
+            else:
+                got = sum(e - s for s, e in held.cut(to, to + keep))  # MREMAP_FIXED replaces what was there
+                pieces = held.cut(lo, hi) if not flags[k] & MREMAP_DONTUNMAP else \
+                    [(s, e) for s, e in held.ranges if s < hi and e > lo]
+                pieces = [(max(s, lo), min(e, hi)) for s, e in pieces]
+                got += sum(max(0, e - max(s, lo + keep)) for s, e in pieces)  # a shrinking move drops its tail
+                held.add([(s - lo + to, min(e, lo + keep) - lo + to) for s, e in pieces if s < lo + keep])
         if got:
-            rows.append((float(ts[k]), got * PAGE, int(sites[k])))
-            left -= got
-            if left <= 0:
-                break
+            rows.append((float(ts[k]), got, int(sites[k])))
+        if not held.ranges:
+            break
     if not rows:
         return empty
     df = pd.DataFrame(rows, columns=["t", "bytes", "site"])
