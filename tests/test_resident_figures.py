@@ -8,7 +8,7 @@ import pandas as pd
 from test_ledger_held import Tables
 
 from leaktrace.analysis.candidates import Candidate
-from leaktrace.analysis.resident import add_figures, pagemap_share, smaps_share
+from leaktrace.analysis.resident import add_figures, growth_resident_share, pagemap_share, smaps_share
 
 MB = 1 << 20
 LIB = "libjournal.so"
@@ -55,3 +55,42 @@ def test_without_pagemap_the_last_smaps_is_apportioned_by_overlap():
     assert "apportioned from the last full smaps" in c.evidence[-1]
     # one figure measured: both named alike
     assert (py.extra["outstanding_resident_bytes"], py.extra["mapped_mb_per_min"]) == (3 * MB, 2.0)
+
+
+def _growth(mapped_per_tick: float, resident_per_tick: float, ticks: int = 20,
+            racing: tuple[int, ...] = ()) -> pd.DataFrame:
+    """A group mapping ``mapped_per_tick`` MB a tick, ``resident_per_tick`` MB of it written; the ticks in
+    ``racing`` read 0 resident (a read that raced a move of the buffer)."""
+    return pd.DataFrame([{"t": float(k), "pid": 5, "library": LIB, "kind": "anon",
+                          "outstanding_bytes": int(k * mapped_per_tick * MB), "regions": k,
+                          "resident_bytes": 0 if k in racing else int(k * resident_per_tick * MB)}
+                         for k in range(1, ticks + 1)])
+
+
+def test_a_mapping_culprit_is_rated_by_what_of_its_growth_is_resident():
+    """mb_per_min is the mapped rate times the share of the growth written: all, half, none; a few reads
+    that raced a move do not move the slope; the culprit stays, its mapped rate named."""
+    for written, share in ((2.0, 1.0), (1.0, 0.5), (0.0, 0.0)):
+        got = growth_resident_share(_growth(2.0, written, racing=(17, 18, 19)), 5, LIB, "anon")
+        assert got is not None and abs(got[0] - share) < 0.02 and got[1] == 20, (written, got)
+        c = Candidate(kind="native-mmap", pid=5, mb_per_min=120.0, source="ledger", library=LIB,
+                      outstanding_bytes=40 * MB)
+        add_figures(Tables({"ledger_snapshots": _growth(2.0, written)}), [c])
+        assert abs(c.mb_per_min - 120.0 * share) < 0.5 and c.extra["mapped_mb_per_min"] == 120.0, c.evidence
+        assert ("never written" in c.evidence[-1]) == (share < 0.5), c.evidence
+    # too few ticks read: the mapped rate stands
+    assert growth_resident_share(_growth(2.0, 0.0, ticks=4), 5, LIB, "anon") is None
+    unread = _growth(2.0, 0.0).assign(resident_bytes=None)
+    c = Candidate(kind="native-mmap", pid=5, mb_per_min=120.0, source="ledger", library=LIB, outstanding_bytes=40 * MB)
+    add_figures(Tables({"ledger_snapshots": unread}), [c])
+    assert c.mb_per_min == 120.0
+
+
+def test_the_verdict_says_when_the_address_space_leaks_and_not_ram():
+    from leaktrace.analysis.culprits import Findings
+    from leaktrace.analysis.summary import _verdict
+
+    c = {"pid": 5, "kind": "native-mmap", "library": LIB, "source": "ledger", "mb_per_min": 0.0,
+         "mapped_mb_per_min": 119.9}
+    verdict, why = _verdict(pd.DataFrame(columns=["pid"]), Findings([c], [], True, set(), set(), {}, {}), 60.0)
+    assert verdict == "leak" and "libjournal.so maps 119.90 MB/min but only 0.00 MB/min of it is resident" in why, why

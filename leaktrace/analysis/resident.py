@@ -13,6 +13,11 @@ Where the resident bytes of a ledger culprit come from, best first (the evidence
 2. ``smaps``: the watcher's last full smaps, each mapping's Rss apportioned over the ledger regions
    inside it by their overlap (sessions recorded before the probe read pagemap, or a tick over its bound).
 3. none: the mapped bytes, said so.
+
+A mapping culprit's ``mb_per_min`` (kind native-mmap) is its mapped rate times the share of its growth that
+is resident: the Theil-Sen slope of its group's resident bytes over that of its mapped bytes, on the ticks
+that read pagemap for every row of the group. A library that maps memory and never writes it grows the
+address space, not RAM: it stays a culprit (``mapped_mb_per_min``), rated by what it costs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pandas as pd
 from leaktrace.analysis.candidates import Candidate
 from leaktrace.analysis.growth import MB
 from leaktrace.session import TableSource
+from leaktrace.slope import theil_sen
 
 LEDGER_KIND = {"native-mmap": "anon", "thread-stacks": "anon", "malloc-heap": "heap"}
 
@@ -58,6 +64,39 @@ def pagemap_share(snaps: pd.DataFrame, pid: int, library: str | None, kind: str)
         return None
     last = known.iloc[-1]
     return min(1.0, float(last["resident"]) / float(last["mapped"])), float(known.index[-1])
+
+
+# Ticks with pagemap read for every row of the group that a resident growth share needs.
+MIN_RESIDENT_TICKS = 5
+
+
+def _complete_ticks(snaps: pd.DataFrame, pid: int, library: str | None, kind: str) -> pd.DataFrame:
+    """The group's (mapped, resident) per tick, at the ticks that read pagemap for every row of it."""
+    if snaps.empty or "resident_bytes" not in snaps:
+        return pd.DataFrame(columns=["mapped", "resident"])
+    sel = (snaps["pid"] == pid) & (snaps["kind"] == kind)
+    if library is not None:
+        sel &= snaps["library"] == library
+    mine = snaps[sel]
+    if mine.empty:
+        return pd.DataFrame(columns=["mapped", "resident"])
+    known = mine.groupby("t").agg(mapped=("outstanding_bytes", "sum"), resident=("resident_bytes", "sum"),
+                                  unread=("resident_bytes", lambda s: int(s.isna().sum())))
+    return known[known["unread"] == 0][["mapped", "resident"]]
+
+
+def growth_resident_share(snaps: pd.DataFrame, pid: int, library: str | None, kind: str) -> tuple[float, int] | None:
+    """(share of the group's mapped growth that is resident, ticks it is read from): the Theil-Sen slope of its
+    resident bytes over that of its mapped bytes, in [0, 1]; None with too few complete ticks or no growth."""
+    known = _complete_ticks(snaps, pid, library, kind)
+    if len(known) < MIN_RESIDENT_TICKS:
+        return None
+    t = known.index.to_numpy(dtype=float)
+    grew = theil_sen(t, known["mapped"].to_numpy(dtype=float))[0]
+    if grew <= 0:
+        return None
+    held = theil_sen(t, known["resident"].to_numpy(dtype=float))[0]
+    return min(1.0, max(0.0, held / grew)), len(known)
 
 
 def smaps_share(reader: TableSource, pid: int, library: str | None, kind: str) -> float | None:
@@ -129,3 +168,20 @@ def _ledger_resident(reader: TableSource, snaps: pd.DataFrame, c: Candidate, lib
     resident = int(round(share * c.outstanding_bytes))
     c.extra["outstanding_resident_bytes"] = resident
     c.evidence.append(f"{c.outstanding_bytes / MB:.1f} MB mapped, {resident / MB:.1f} MB resident ({share:.1%}) {how}")
+    if c.kind == "native-mmap" and pm is not None:
+        _resident_rate(snaps, c, library, kind)
+
+
+def _resident_rate(snaps: pd.DataFrame, c: Candidate, library: str | None, kind: str) -> None:
+    """``mb_per_min`` of a mapping culprit: what of its mapped growth is resident (growth_resident_share)."""
+    got = growth_resident_share(snaps, c.pid, library, kind)
+    if got is None:
+        return
+    share, n = got
+    mapped = c.mb_per_min
+    c.mb_per_min = mapped * share
+    line = (f"resident growth {c.mb_per_min:.2f} MB/min = the mapped growth {mapped:.2f} MB/min × {share:.1%} "
+            f"(slope of its resident bytes over that of its mapped bytes, {n} ticks read from pagemap)")
+    if share < 0.5:
+        line += ": most of what it maps is never written, so it grows the address space more than RAM"
+    c.evidence.append(line)

@@ -124,6 +124,16 @@ def _plateaus(procs: pd.DataFrame, skip: set[int] | None = None) -> str:
     return "".join(out)
 
 
+def _unwritten(leaks: list[dict[str, Any]]) -> str:
+    """"; pid P: LIB maps X MB/min it never writes …" for each culprit whose address space grows at the leak
+    rate while what of it is resident does not."""
+    th = THRESHOLDS
+    return "".join(f"; pid {c['pid']}: {c.get('library') or c['kind']} maps {c['mapped_mb_per_min']:.2f} MB/min "
+                   f"but only {c['mb_per_min']:.2f} MB/min of it is resident (mapped, not written): the address "
+                   "space leaks, RAM follows only when the pages are written"
+                   for c in leaks if c.get("mapped_mb_per_min", 0.0) >= th["leak_mb_per_min"] > c["mb_per_min"])
+
+
 def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]:
     th = THRESHOLDS
     # Free memory an allocator keeps is never a leak on its own: said, beside whatever else the hunt found.
@@ -137,7 +147,7 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
         n = len({c["pid"] for c in leaks})
         return "leak", (f"{n} process(es) grow ≥ {th['leak_mb_per_min']} MB/min steadily (confidence ≥ "
                         f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step, not decelerating)"
-                        + _plateaus(procs, {c["pid"] for c in findings.culprits}) + retained)
+                        + _plateaus(procs, {c["pid"] for c in findings.culprits}) + retained + _unwritten(leaks))
     untouched = "".join(f"; pid {pid}: {line}" for pid, line in sorted((getattr(findings, "in_use_flat", {}) or {}).items()))
     retained += untouched
     if kept:
