@@ -73,8 +73,8 @@ class PreexistingSet:
 
 def _releases(events: pd.DataFrame) -> pd.DataFrame:
     """The successful calls that can take memory away from a range, in time order, with the range they act
-    on (a, b): munmap; mremap (its old range; ``moved_to`` the new address when it moved); mmap MAP_FIXED
-    (what it overlays is replaced)."""
+    on as (a, b): munmap; mremap (its old range; ``result`` is where it is now); mmap MAP_FIXED (what it
+    overlays is replaced)."""
     ok_remap = (events["type"] == "mremap") & (events["result"] > 0) & (events["result"] % PAGE == 0)
     fixed = ((events["type"] == "mmap") & ((events["flags"] & MAP_FIXED) != 0)
              & (events["result"] == events["addr"]))
