@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.drift import rate_trend, staircase
-from leaktrace.analysis.series import INTERVAL_Z, Stop, bursty_rate, growth_stop, rate_interval
+from leaktrace.analysis.series import INTERVAL_Z, Stop, bursty_rate, growth_stop, is_step, rate_interval
 from leaktrace.slope import theil_sen
 
 MB = 1024 * 1024
@@ -67,10 +67,6 @@ MB = 1024 * 1024
 # allocations, imports, first-request caches).
 WARMUP_FRACTION = 0.1
 WARMUP_MAX_S = 30.0
-# Step: one consecutive-sample jump carrying at least this share of the total rise ...
-STEP_SHARE = 0.5
-# ... with the rate on each side of it below this share of the overall rate.
-STEP_FLAT_SHARE = 0.25
 # Shape (see the module docstring): at least this many samples and seconds (after the warm-up cut) ...
 SHAPE_MIN_SAMPLES = 9
 SHAPE_MIN_SPAN_S = 20.0
@@ -232,24 +228,6 @@ def warmup_cut(t: np.ndarray, warmup_s: float | None = None) -> float:
     return float(t[0]) + min(span * WARMUP_FRACTION, WARMUP_MAX_S)
 
 
-def _is_step(t: np.ndarray, y: np.ndarray, slope: float) -> tuple[bool, float]:
-    if len(y) < 6 or slope <= 0:
-        return False, 0.0
-    d = np.diff(y)
-    k = int(np.argmax(d))
-    jump = float(d[k])
-    rise = float(y[-1] - y[0])
-    if rise <= 0 or jump < STEP_SHARE * rise:
-        return False, jump
-    before_t, before_y = t[: k + 1], y[: k + 1]
-    after_t, after_y = t[k + 1:], y[k + 1:]
-    flat = STEP_FLAT_SHARE * slope
-    sides = []
-    for st, sy in ((before_t, before_y), (after_t, after_y)):
-        sides.append(theil_sen(st, sy)[0] if len(st) >= 3 else 0.0)
-    return all(s <= flat for s in sides), jump
-
-
 def load_following(t: np.ndarray, shape: Shape, work: tuple[np.ndarray, np.ndarray]) -> tuple[float, float, float] | None:
     """The work done per second in each third of the series (t: its times, after the warm-up cut) when the
     traffic explains the shape's slowing (see the module docstring), else None. ``work``: (times, cumulative
@@ -281,7 +259,7 @@ def rate(t: pd.Series | np.ndarray, y: pd.Series | np.ndarray, warmup_s: float |
         t, y = t[keep], y[keep]
     slope, conf = theil_sen(t, y)
     stair = staircase(t, y)
-    step, jump = _is_step(t, y, slope) if stair is None else (False, 0.0)
+    step, jump = is_step(t, y, slope) if stair is None else (False, 0.0)
     mean = bursty_rate(t, y, slope) if not step and len(t) >= 2 else None
     shape = growth_shape(t, y, mean_thirds=mean is not None) if not step else None
     if shape is not None and work is not None and shape.kind in ("decelerating", "warm-up"):

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from leaktrace.slope import theil_sen
+
 MB = 1024 * 1024
 # Stopped growth (see the module docstring): a record clears the previous one by this many noise sigmas ...
 STOP_NOISE_SIGMAS = 3.0
@@ -166,3 +168,28 @@ def bursty_rate(t: np.ndarray, y: np.ndarray, slope: float) -> float | None:
         return None
     mean = float((y[-1] - y[0]) / (t[-1] - t[0]))
     return mean if mean > BURSTY_EXCESS * max(slope, 0.0) else None
+
+
+# Step: one consecutive-sample jump carrying at least this share of the total rise ...
+STEP_SHARE = 0.5
+# ... with the rate on each side of it below this share of the overall rate.
+STEP_FLAT_SHARE = 0.25
+
+
+def is_step(t: np.ndarray, y: np.ndarray, slope: float) -> tuple[bool, float]:
+    """(a step: one jump carries most of the rise and both sides of it are nearly flat, the jump)."""
+    if len(y) < 6 or slope <= 0:
+        return False, 0.0
+    d = np.diff(y)
+    k = int(np.argmax(d))
+    jump = float(d[k])
+    rise = float(y[-1] - y[0])
+    if rise <= 0 or jump < STEP_SHARE * rise:
+        return False, jump
+    before_t, before_y = t[: k + 1], y[: k + 1]
+    after_t, after_y = t[k + 1:], y[k + 1:]
+    flat = STEP_FLAT_SHARE * slope
+    sides = []
+    for st, sy in ((before_t, before_y), (after_t, after_y)):
+        sides.append(theil_sen(st, sy)[0] if len(st) >= 3 else 0.0)
+    return all(s <= flat for s in sides), jump
