@@ -76,3 +76,39 @@ def test_batches_that_fall_back_are_no_staircase():
     y = (50.0 + 10.0 * np.floor(t / 20.0)) * MB
     y[45:] -= 25.0 * MB  # a pool shrinks: not a leak's staircase
     assert staircase(t, y) is None
+
+
+def _jumps_then_line(first: list[float], per_min: float, n: int = 51, seed: int = 3):
+    """Reads every second: the first third's levels given (MB, in jumps), then a line at ``per_min``."""
+    rnd = np.random.default_rng(seed)
+    t = np.arange(0.0, float(n))
+    k = len(first)
+    y = np.empty(n)
+    y[:k] = first
+    y[k:] = first[-1] + per_min / 60.0 * (t[k:] - t[k - 1])
+    return t, (y + rnd.normal(0, 0.02, n)) * MB
+
+
+def test_arenas_reserved_in_jumps_then_a_steady_leak_is_a_warm_up():
+    """Like a heap whose staging threads reserve arenas in chunks as the hunt starts while a leak goes on:
+    the first third jumps (and falls back a little: a trim), the later two grow alike: a warm-up, rated and
+    bounded by the later thirds."""
+    first = [4.0, 154.0, 151.0, 205.0, 210.0, 262.0, 212.0, 270.0, 272.0, 273.0, 275.0, 276.0, 277.0, 278.0,
+             280.0, 281.0, 282.0]
+    t, y = _jumps_then_line(first, 30.0)
+    r = rate(t, y, warmup_s=0.0)
+    assert r.shape is not None and r.shape.kind == "warm-up", r.shape
+    assert abs(r.mb_per_min - 30.0) < 1.5 and r.lower_mb_per_min > 25.0, r
+
+
+def test_jumps_that_fall_back_or_rise_no_more_than_the_line_are_no_warm_up():
+    # a sawtooth's release inside the first third: no shape to read, as before
+    saw = [100.0, 140.0, 180.0, 60.0, 62.0, 63.0, 64.0, 65.0, 66.0, 67.0, 68.0, 69.0, 70.0, 71.0, 72.0, 73.0, 74.0]
+    t, y = _jumps_then_line(saw, 30.0)
+    r = rate(t, y, warmup_s=0.0)
+    assert r.shape is None or r.shape.kind != "warm-up", r.shape
+    # a batch leak's one jump in the first third, no bigger than what the line grows in a third: not a warm-up
+    batch = [10.0] * 8 + [15.0] * 9
+    t, y = _jumps_then_line(batch, 30.0)
+    r = rate(t, y, warmup_s=0.0)
+    assert r.shape is None or r.shape.kind != "warm-up", r.shape

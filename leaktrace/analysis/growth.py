@@ -28,7 +28,8 @@ fragment a little is rated at the leak's pace, not the two's. When the last two 
 must also be ``WARMUP_FIRST_SHARE`` times steeper than the middle one: a warm-up is over in the first third
 or settling through the second, while a rate drifting by about as much between each pair of thirds
 (8.7, 7.2, 5.3 MB/min: a leak that follows traffic) has no warm-up to cut, and its last third alone would
-understate it. Otherwise
+understate it. A first third that rose in jumps, then two that grow alike: a warm-up too (_coarse_warmup).
+Otherwise
 **steady**: the Theil–Sen slope of the whole series (after the warm-up cut).
 
 **load-following**: a decelerating or warm-up shape whose slowing the traffic explains. With the
@@ -72,9 +73,8 @@ SHAPE_MIN_SAMPLES = 9
 SHAPE_MIN_SPAN_S = 20.0
 # ... and the first third clearly growing (this fraction of its pairwise slopes positive) ...
 SHAPE_FIRST_CONFIDENCE = 0.75
-# ... and no third moving by one jump of at least this share of its range (the first third, and a later
-# one that moves by at least this share of the first's range; a staircase: a pool grown by big chunks,
-# whose thirds hold one jump or none, is no slowing down) ...
+# ... and no later third moving by one jump of at least this share of its range and of the first's (a pool
+# grown in big chunks is no slowing down; a first third that does is read by _coarse_warmup) ...
 SHAPE_JUMP_SHARE = 0.5
 # ... decelerating: last third at most this share of the first third's rate, each third at most this share
 # of the one before ...
@@ -122,6 +122,7 @@ def growth_shape(t: np.ndarray, y: np.ndarray, mean_thirds: bool = False) -> Sha
     w = (t[-1] - t[0]) / 3.0
     edges = (t[0], t[0] + w, t[0] + 2 * w, t[-1])
     s, se, conf1, rise1 = [], [], 0.0, 0.0
+    coarse_first = False
     for k in range(3):
         sel = (t >= edges[k]) & (t <= edges[k + 1])
         if sel.sum() < 3:
@@ -130,7 +131,9 @@ def growth_shape(t: np.ndarray, y: np.ndarray, mean_thirds: bool = False) -> Sha
         rise = float(ys.max() - ys.min())
         rise1 = rise if k == 0 else rise1
         if rise > 0 and rise >= SHAPE_JUMP_SHARE * rise1 and float(np.max(np.abs(np.diff(ys)))) >= SHAPE_JUMP_SHARE * rise:
-            return None  # this third moves by one jump: growth in chunks this coarse has no shape to read
+            if k > 0:
+                return None  # this third moves by one jump: growth in chunks this coarse has no shape to read
+            coarse_first = True  # readable only if what follows is
         slope, conf = theil_sen(t[sel], ys)
         if mean_thirds:
             ts = t[sel]
@@ -141,6 +144,9 @@ def growth_shape(t: np.ndarray, y: np.ndarray, mean_thirds: bool = False) -> Sha
         conf1 = conf if k == 0 else conf1
     s1, s2, s3 = s
     thirds = (s1, s2, s3)
+    if coarse_first:
+        first = y[(t >= edges[0]) & (t <= edges[1])]
+        return _coarse_warmup(thirds, first, w, edges[1])
     if s1 <= 0 or conf1 < SHAPE_FIRST_CONFIDENCE:  # no clear growth at first: nothing slows down
         return Shape("steady", thirds, edges[1])
     if s1 - s3 < SHAPE_Z * float(np.hypot(se[1], se[2])):
@@ -163,6 +169,22 @@ def growth_shape(t: np.ndarray, y: np.ndarray, mean_thirds: bool = False) -> Sha
         return Shape("warm-up", thirds, edges[1] if agree else edges[2], sustained_per_s=sustained,
                      rate_per_s=after)
     return Shape("steady", thirds, edges[1], sustained_per_s=sustained)
+
+
+def _coarse_warmup(thirds: tuple[float, float, float], first: np.ndarray, w: float, t_split: float) -> Shape | None:
+    """A first third (``first``: its samples) that rose in jumps (arenas or pools reserved in chunks as a
+    process starts working) followed by two thirds that grow alike: a warm-up, rated by the later two, when
+    the first third rose by at least ``WARMUP_FIRST_SHARE`` times what their rate makes in a third and fell by
+    no jump of ``SHAPE_JUMP_SHARE`` of that rise (a sawtooth's release is no warm-up); else no shape to read
+    (None)."""
+    _, s2, s3 = thirds
+    agree = abs(s2 - s3) <= STEADY_AGREE * max(abs(s2), abs(s3))
+    rise = float(first[-1] - first[0])
+    if not agree or s3 <= 0 or rise < WARMUP_FIRST_SHARE * s3 * w:
+        return None
+    if float(-np.min(np.diff(first))) >= SHAPE_JUMP_SHARE * rise:
+        return None
+    return Shape("warm-up", thirds, t_split, sustained_per_s=(s2 + s3) / 2, rate_per_s=(s2 + s3) / 2)
 
 
 def sustained_rate(s1: float, s2: float, s3: float) -> float:
