@@ -81,3 +81,24 @@ def test_ring_of_long_lived_buffers_is_not_rated_from_what_it_holds() -> None:
                       "bpf_counters": pd.DataFrame({"t": t, "lost_events": 0}), "ledger_exits": pd.DataFrame()})
     found = [c for c in native_culprits(session) if c["library"] == LIB]
     assert not found or not any("still held at its end" in e for e in found[0]["evidence"]), found
+
+
+def test_a_heap_warm_up_names_the_caller_that_grows_after_it() -> None:
+    """Staging threads' arenas reserved in jumps as the hunt starts (libstage.so: 270 MB, then flat) while
+    libindex.so's arena grows 30 MB/min from start to end: the heap's rate is the later thirds', and the
+    library named is the one whose growth makes it, not the one with the most bytes since attach."""
+    t = np.arange(1.0, 52.0)
+    stage = np.minimum(np.array([0, 150, 147, 200, 205, 256, 206, 264]), 264)
+    stage = np.concatenate([stage, np.full(len(t) - len(stage), 264.0)]) * 2**20
+    index = 30.0 / 60.0 * (t - 1.0) * 2**20
+    rows = [{"t": x, "pid": 7, "library": lib, "kind": "heap", "outstanding_bytes": int(v), "regions": 1}
+            for x, s, i in zip(t, stage, index, strict=True) for lib, v in (("libstage.so", s), ("libindex.so", i))]
+    regions = pd.DataFrame({"pid": 7, "start": 0, "end": 0, "size": [int(stage[-1]), int(index[-1])],
+                            "library": ["libstage.so", "libindex.so"], "kind": "heap", "stack_key": "7:0x1",
+                            "preexisting": False, "t_born": [1.5, 1.5], "path": "", "at_exit": False})
+    tables = Tables({"ledger_snapshots": pd.DataFrame(rows), "ledger_regions": regions,
+                     "bpf_counters": pd.DataFrame({"t": t, "lost_events": 0}), "ledger_exits": pd.DataFrame()})
+    (c,) = [c for c in native_culprits(tables) if c["kind"] == "malloc-heap"]
+    assert c["library"] == "libindex.so", c["evidence"]
+    assert abs(c["mb_per_min"] - 30.0) < 1.5 and c["lower_mb_per_min"] > 25.0, c
+    assert any("after the warm-up" in e and "libindex.so 100%" in e for e in c["evidence"]), c["evidence"]

@@ -143,21 +143,42 @@ def _groups(snaps: pd.DataFrame) -> list[tuple[int, str | None, str]]:
     return out
 
 
-def _heap_callers(mine: pd.DataFrame, snaps: pd.DataFrame, pid: int) -> tuple[str, list[str]]:
+def _heap_callers(mine: pd.DataFrame, snaps: pd.DataFrame, pid: int, since: float | None = None) -> tuple[str, list[str]]:
     """The library named for a process's heap growth (the first caller outside the C runtime with the most
-    bytes, else the top one) and the evidence of the split between callers."""
-    if not mine.empty:
-        by_lib = mine.groupby("library")["size"].sum().sort_values(ascending=False)
+    bytes, else the top one) and the evidence of the split between callers. ``since``: the rate is that of
+    the growth after a warm-up ending then, so the callers are weighed by what each grew after it (the
+    warm-up's arenas are another caller's, whose growth stopped)."""
+    after = _grown_since(snaps, pid, since) if since is not None else None
+    if after is not None:
+        by_lib, how = after, f"after the warm-up (from t={since:.0f} s)"
+    elif not mine.empty:
+        by_lib, how = mine.groupby("library")["size"].sum().sort_values(ascending=False), "since attach"
     else:
         last = _last_tick(snaps[(snaps["pid"] == pid) & (snaps["kind"] == "heap")])
         by_lib = last.groupby("library")["outstanding_bytes"].sum().sort_values(ascending=False)
+        how = "since attach"
     libs = [str(k) for k in by_lib.index]
     foreign = [lib for lib in libs if not LIBC_LIBRARY.match(lib)]
     library = (foreign or libs or ["?"])[0]
     total = float(by_lib.sum()) or 1.0
     split = ", ".join(f"{lib} {v / total:.0%} ({int(v):,} B)" for lib, v in by_lib.head(4).items())
-    return library, [f"the heap's growth by the caller of malloc at each growth (brk of the main heap, mprotect "
-                     f"of arena heaps, weighted by the bytes it grew): {split}"] if len(libs) > 1 else []
+    return library, [f"the heap's growth {how} by the caller of malloc at each growth (brk of the main heap, mprotect "
+                     f"of arena heaps, weighted by the bytes it grew): {split}"] if len(libs) > 1 or after is not None else []
+
+
+def _grown_since(snaps: pd.DataFrame, pid: int, since: float) -> pd.Series | None:
+    """library -> the bytes its heap rows grew from the first tick at or after ``since`` to the last (those
+    that grew), most first; None when none grew."""
+    heap = snaps[(snaps["pid"] == pid) & (snaps["kind"] == "heap")]
+    if heap.empty:
+        return None
+    wide = heap.pivot_table(index="t", columns="library", values="outstanding_bytes", aggfunc="sum").fillna(0.0)
+    from_t = wide.index[wide.index >= since]
+    if len(from_t) < 2:
+        return None
+    grew = (wide.loc[from_t[-1]] - wide.loc[from_t[0]]).sort_values(ascending=False)
+    grew = grew[grew > 0]
+    return grew if not grew.empty else None
 
 
 def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[str, Any]]:
@@ -226,7 +247,8 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
         if not regions.empty:
             mine = regions[(regions["pid"] == pid) & (regions["kind"] == kind) & ~regions["preexisting"].astype(bool)]
         if group_library is None:
-            library, split = _heap_callers(mine, snaps, pid)
+            since = float(r.shape.t_split) if r.shape is not None and r.shape.kind == "warm-up" else None
+            library, split = _heap_callers(mine, snaps, pid, since)
             what = f"the malloc heap of pid {pid} (grown since attach)"
         else:
             library, split = group_library, []
