@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from leaktrace.analysis.retention import books
+from leaktrace.analysis.candidates import Candidate
+from leaktrace.analysis.retention import books, recognise
 from leaktrace.session import SessionReader, SessionWriter
 
 MB = 1 << 20
@@ -50,3 +51,27 @@ def test_a_leak_under_the_batches_keeps_its_rate(tmp_path, caught):
     b = _books(tmp_path, 30.0, caught)
     assert b["live"].mb_per_min == pytest.approx(30.0, rel=0.1), (caught, b["live"])
     assert b["retained"].mb_per_min == pytest.approx(KEPT_MB_PER_MIN, rel=0.05)
+
+
+@pytest.mark.parametrize("written", [0.0, 1.0])
+def test_arenas_committed_past_what_malloc_holds_are_no_leak(tmp_path, written):
+    """A churner's heap: the ledger sees its arenas committed further (2 MB/min of address space: mprotect
+    reaches each new high-water mark) while malloc's books hold still. Unwritten, that growth is no leak
+    (left out, with a warning); written, it is what a leak looks like to the ledger and stays a candidate."""
+    w = SessionWriter(tmp_path / "s")
+    for x in np.arange(0.5, 31.0, 1.0):
+        grown = int(2.0 * MB / 60 * x)
+        w.append("ledger_snapshots", {"t": float(x), "pid": 7, "library": "verdicts", "kind": "heap",
+                                      "outstanding_bytes": grown, "regions": 1, "resident_bytes": int(written * grown)})
+        if int(x) % 3 == 0:
+            w.append("malloc_state", {"t": float(x), "pid": 7, "complete": True, "arenas": 2, "arena": 16 * MB,
+                                      "uordblks": 6 * MB, "hblkhd": 0, "fordblks": 10 * MB})
+    w.close()
+    c = Candidate(kind="malloc-heap", pid=7, mb_per_min=2.0, source="ledger", library="verdicts",
+                  outstanding_bytes=MB)
+    warnings: list[str] = []
+    kept = recognise(SessionReader(tmp_path / "s"), [c], warnings=warnings)
+    if written:
+        assert kept == [c] and not warnings
+    else:
+        assert kept == [] and "arenas committed past what they hold" in warnings[0], warnings

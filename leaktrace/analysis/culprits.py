@@ -183,7 +183,7 @@ def find_culprits(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict
     _add_gdb_stacks(reader, ledger, warnings)
     ledger = recognise_thread_stacks(reader, ledger, warnings, th["ledger_mb_per_min"])
     ledger, pinned = recognise_pinned(reader, ledger, info, th)  # locked or pinned: the ledger's, or alone
-    ledger = recognise_retention(reader, ledger, th)  # a heap's growth in use, or free memory malloc keeps
+    ledger = recognise_retention(reader, ledger, th, warnings)  # a heap's growth in use, or free memory malloc keeps
     pyheap = pyheap_growth(reader)
     types = type_growth(reader)
     python = python_candidates(procs, info, pyheap, ledger_ran, ledger, th, types)

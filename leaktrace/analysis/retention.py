@@ -20,6 +20,7 @@ import pandas as pd
 
 from leaktrace.analysis.candidates import THRESHOLDS, Candidate, clears
 from leaktrace.analysis.growth import Rate, rate
+from leaktrace.analysis.resident import growth_resident_share
 from leaktrace.session import TableSource
 
 # The kept free memory explains a heap's growth when it grows at least this share of the candidate's rate.
@@ -89,11 +90,21 @@ def _steady(r: Rate) -> float:
     return 0.0 if r.step else r.mb_per_min
 
 
-def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float] = THRESHOLDS) -> list[Candidate]:
+# A heap's growth whose resident share is below this is address space, not memory malloc holds (resident).
+UNHELD_RESIDENT_SHARE = 0.5
+
+
+def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float] = THRESHOLDS,
+              warnings: list[str] | None = None) -> list[Candidate]:
     """``ledger`` with each malloc-heap candidate given its process's live and retained rates, and re-labelled
-    ``allocator-retention`` where kept free memory, not memory in use, makes the growth."""
+    ``allocator-retention`` where kept free memory, not memory in use, makes the growth. One whose books show
+    nothing malloc holds growing (neither in use nor free and kept) while its growth is mostly not resident
+    is left out, with a warning: arenas committed past what they hold (mprotect reaches a churn's new
+    high-water mark; a shrink by MADV_DONTNEED leaves the range mapped) grow the address space only."""
     by_pid = books(reader)
     others = other_allocators(reader)
+    snaps = reader.table("ledger_snapshots") if "ledger_snapshots" in reader.tables() else pd.DataFrame()
+    unheld: list[Candidate] = []
     for c in ledger:
         if c.kind == "malloc-heap" and c.pid in others:
             c.extra["allocator"] = str(others[c.pid].get("name", "?"))
@@ -110,12 +121,21 @@ def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float]
                 f"{int(last['uordblks'] + last['hblkhd']) / 2**20:.1f} MB in use, {int(last['fordblks']) / 2**20:.1f} "
                 "MB free and kept")
         c.evidence.insert(0, line)
+        share = growth_resident_share(snaps, c.pid, None, "heap")
+        if live < th["leak_mb_per_min"] and kept < th["leak_mb_per_min"] and share is not None \
+                and share[0] < UNHELD_RESIDENT_SHARE:
+            unheld.append(c)
+            if warnings is not None:
+                warnings.append(f"pid {c.pid}: its malloc heap's address space grew {c.mb_per_min:.2f} MB/min, {share[0]:.0%} "
+                                f"of it resident, while nothing malloc holds grew (in use {live:+.2f}, free and kept "
+                                f"{kept:+.2f} MB/min): arenas committed past what they hold, no leak")
+            continue
         if live < th["leak_mb_per_min"] and kept >= RETAINED_SHARE * c.mb_per_min:
             c.extra["measured_kind"] = c.kind
             c.kind = "allocator-retention"
             c.extra["rule_fields"] = {**c.extra.get("rule_fields", {}), **_facts(last),
                                       "grew_threads": growing_threads(reader, c.pid)}
-    return ledger
+    return [c for c in ledger if not any(c is u for u in unheld)]
 
 
 # Threads named in full up to this many.
