@@ -7,13 +7,13 @@ A library's ledger growth is net of the anonymous memory that existed at attach 
 
 from __future__ import annotations
 
-import bisect
 import os
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from leaktrace.probes.bpf.addrspace import AddressSpace
 from leaktrace.session import TableSource
 
 PAGE = 4096
@@ -32,43 +32,21 @@ MAP_FIXED = 0x10
 MREMAP_DONTUNMAP = 4
 
 
-class PreexistingSet:
-    """The address ranges that hold pre-existing anonymous memory: sorted, disjoint [start, end) pairs.
-    ``cut`` takes a range out and returns the bytes it held; ``add`` puts ranges (moved memory) in."""
+def _space(ranges: list[tuple[int, int]]) -> AddressSpace:
+    """The ranges as one address space (its intervals are disjoint: a range put over another replaces it)."""
+    space = AddressSpace()
+    for lo, hi in ranges:
+        space.put(int(lo), int(hi), 0, 0)
+    return space
 
-    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.ranges = [(int(a), int(b)) for a, b in zip(starts, ends, strict=True) if b > a]
 
-    def cut(self, a: int, b: int) -> list[tuple[int, int]]:
-        """Remove [a, b); the pieces it held, in address order."""
-        i = bisect.bisect_right(self.ranges, (a, a)) - 1
-        i = max(i, 0)
-        taken: list[tuple[int, int]] = []
-        kept: list[tuple[int, int]] = []
-        j = i
-        while j < len(self.ranges) and self.ranges[j][0] < b:
-            s, e = self.ranges[j]
-            if e <= a:
-                kept.append((s, e))
-            else:
-                if s < a:
-                    kept.append((s, a))
-                taken.append((max(s, a), min(e, b)))
-                if e > b:
-                    kept.append((b, e))
-            j += 1
-        if taken:
-            self.ranges[i:j] = kept
-        return taken
+def _bounds(space: AddressSpace) -> tuple[np.ndarray, np.ndarray]:
+    starts, ends, _, _ = space.columns()
+    return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
 
-    def add(self, pieces: list[tuple[int, int]]) -> None:
-        for s, e in pieces:
-            self.cut(s, e)
-            bisect.insort(self.ranges, (s, e))
 
-    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        return (np.array([r[0] for r in self.ranges], dtype=np.int64),
-                np.array([r[1] for r in self.ranges], dtype=np.int64))
+def _bytes(pieces: list[tuple[int, int, int, int]]) -> int:
+    return sum(e - s for s, e, _, _ in pieces)
 
 
 def _releases(events: pd.DataFrame) -> pd.DataFrame:
@@ -110,15 +88,14 @@ def replaced_preexisting(reader: TableSource, pid: int) -> pd.DataFrame:
     ev = _releases(events[events["pid"] == pid])
     if pre.empty or ev.empty:
         return empty
-    held = PreexistingSet(pre["start"].to_numpy(dtype=np.int64), pre["end"].to_numpy(dtype=np.int64))
+    held = _space(list(zip(pre["start"], pre["end"], strict=True)))
     # Only calls on a range pre-existing memory can be in (where it was at attach, or where a move put it)
     # are walked: moved memory can land only in some mremap's new range.
     remap = ev[ev["type"] == "mremap"]
-    dest = PreexistingSet(np.zeros(0), np.zeros(0))
-    dest.add(list(zip(*held.bounds(), strict=True)))
-    dest.add([(int(r), int(r) + (int(n) + PAGE - 1) // PAGE * PAGE)
-              for r, n in zip(remap["result"], remap["new_len"], strict=True)])
-    ds, de = dest.bounds()
+    dest = _space([*zip(*_bounds(held), strict=True),
+                   *((int(r), int(r) + (int(n) + PAGE - 1) // PAGE * PAGE)
+                     for r, n in zip(remap["result"], remap["new_len"], strict=True))])
+    ds, de = _bounds(dest)
     a, b = ev["a"].to_numpy(dtype=np.int64), ev["b"].to_numpy(dtype=np.int64)
     walk = np.flatnonzero(_overlaps(a, b, ds, de))
     types, ts = ev["type"].to_numpy(), ev["t"].to_numpy(dtype=float)
@@ -128,22 +105,22 @@ def replaced_preexisting(reader: TableSource, pid: int) -> pd.DataFrame:
     for k in walk:
         lo, hi, got = int(a[k]), int(b[k]), 0
         if types[k] != "mremap":
-            got = sum(e - s for s, e in held.cut(lo, hi))
+            got = _bytes(held.cut(lo, hi))
         else:
             keep = (int(new_len[k]) + PAGE - 1) // PAGE * PAGE
             to = int(results[k])
             if to == lo:  # in place: a shrink releases its tail, a grow adds memory of the hunt
-                got = sum(e - s for s, e in held.cut(lo + keep, hi)) if keep < hi - lo else 0
+                got = _bytes(held.cut(lo + keep, hi)) if keep < hi - lo else 0
             else:
-                got = sum(e - s for s, e in held.cut(to, to + keep))  # MREMAP_FIXED replaces what was there
-                pieces = held.cut(lo, hi) if not flags[k] & MREMAP_DONTUNMAP else \
-                    [(s, e) for s, e in held.ranges if s < hi and e > lo]
-                pieces = [(max(s, lo), min(e, hi)) for s, e in pieces]
-                got += sum(max(0, e - max(s, lo + keep)) for s, e in pieces)  # a shrinking move drops its tail
-                held.add([(s - lo + to, min(e, lo + keep) - lo + to) for s, e in pieces if s < lo + keep])
+                got = _bytes(held.cut(to, to + keep))  # MREMAP_FIXED replaces what was there
+                pieces = held.pieces(lo, hi) if flags[k] & MREMAP_DONTUNMAP else held.cut(lo, hi)
+                got += sum(max(0, e - max(s, lo + keep)) for s, e, _, _ in pieces)  # a shrinking move drops its tail
+                for s, e, _, _ in pieces:
+                    if s < lo + keep:
+                        held.put(s - lo + to, min(e, lo + keep) - lo + to, 0, 0)
         if got:
             rows.append((float(ts[k]), got, int(sites[k])))
-        if not held.ranges:
+        if not len(held):
             break
     if not rows:
         return empty
