@@ -49,17 +49,8 @@ def _ledger_group(c: Candidate) -> tuple[str | None, str] | None:
 def pagemap_share(snaps: pd.DataFrame, pid: int, library: str | None, kind: str) -> tuple[float, float] | None:
     """(resident share of the group's outstanding bytes, t) at the last tick that read pagemap for every row
     of the group; None when no tick did."""
-    if snaps.empty or "resident_bytes" not in snaps:
-        return None
-    sel = (snaps["pid"] == pid) & (snaps["kind"] == kind)
-    if library is not None:
-        sel &= snaps["library"] == library
-    mine = snaps[sel]
-    if mine.empty:
-        return None
-    known = mine.groupby("t").agg(mapped=("outstanding_bytes", "sum"), resident=("resident_bytes", "sum"),
-                                  unread=("resident_bytes", lambda s: int(s.isna().sum())))
-    known = known[(known["unread"] == 0) & (known["mapped"] > 0)]
+    known = _complete_ticks(snaps, pid, library, kind)
+    known = known[known["mapped"] > 0]
     if known.empty:
         return None
     last = known.iloc[-1]

@@ -121,9 +121,9 @@ def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float]
                 f"{int(last['uordblks'] + last['hblkhd']) / 2**20:.1f} MB in use, {int(last['fordblks']) / 2**20:.1f} "
                 "MB free and kept")
         c.evidence.insert(0, line)
-        share = growth_resident_share(snaps, c.pid, None, "heap")
-        if live < th["leak_mb_per_min"] and kept < th["leak_mb_per_min"] and share is not None \
-                and share[0] < UNHELD_RESIDENT_SHARE:
+        flat = live < th["leak_mb_per_min"] and kept < th["leak_mb_per_min"]
+        share = growth_resident_share(snaps, c.pid, None, "heap") if flat else None
+        if share is not None and share[0] < UNHELD_RESIDENT_SHARE:
             unheld.append(c)
             if warnings is not None:
                 warnings.append(f"pid {c.pid}: its malloc heap's address space grew {c.mb_per_min:.2f} MB/min, {share[0]:.0%} "
