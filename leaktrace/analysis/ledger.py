@@ -181,6 +181,16 @@ def _grown_since(snaps: pd.DataFrame, pid: int, since: float) -> pd.Series | Non
     return grew if not grew.empty else None
 
 
+def _top_sites(mine: pd.DataFrame, library: str, frames: dict[str, list[str]], n: int = 3) -> list[dict[str, Any]]:
+    """The call sites of ``library`` in ``mine`` (ledger regions) holding the most bytes, most first."""
+    if mine.empty:
+        return []
+    mine = mine[mine["library"] == library]
+    by_site = mine.groupby("stack_key")["size"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+    return [{"stack_key": key, "outstanding_bytes": int(row["sum"]), "regions": int(row["count"]),
+             "stack": frames.get(key, [])} for key, row in by_site.head(n).iterrows()]
+
+
 def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[str, Any]]:
     """Growing (pid, library, kind) of the ledger. A process that exited after less than ``min_span_s`` of
     tracing is rated from what exists (its snapshots; with only two, its growth over its life, the birth
@@ -273,26 +283,20 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
             evidence.append(stopped)
         elif shape:
             evidence.append(shape)
-        top_sites: list[dict[str, Any]] = []
-        if not mine.empty:
-            mine = mine[mine["library"] == library]
-            by_site = mine.groupby("stack_key")["size"].agg(["sum", "count"]).sort_values("sum", ascending=False)
-            for key, row in by_site.head(3).iterrows():
-                top_sites.append({"stack_key": key, "outstanding_bytes": int(row["sum"]), "regions": int(row["count"]),
-                                  "stack": frames.get(key, [])})
-            if top_sites:
-                top = top_sites[0]
-                stack = top["stack"]
-                if top["stack_key"] in scanned:
-                    method = "stack-scan"
-                    site = next((f for f in stack if library in f), top["stack_key"])
-                    evidence.append(f"{top['regions']} growth(s), {top['outstanding_bytes']:,} B called from {site}: "
-                                    f"found by scanning the raw user stack at each growth for return addresses "
-                                    f"(no frame pointers needed); the first frame outside libc/ld.so is the caller, of malloc or of "
-                                    f"the mapping call itself")
-                else:
-                    evidence.append(f"{top['regions']} region(s), {top['outstanding_bytes']:,} B "
-                                    f"from call site {stack[1] if len(stack) > 1 else top['stack_key']}")
+        top_sites = _top_sites(mine, library, frames)
+        if top_sites:
+            top = top_sites[0]
+            stack = top["stack"]
+            if top["stack_key"] in scanned:
+                method = "stack-scan"
+                site = next((f for f in stack if library in f), top["stack_key"])
+                evidence.append(f"{top['regions']} growth(s), {top['outstanding_bytes']:,} B called from {site}: "
+                                f"found by scanning the raw user stack at each growth for return addresses "
+                                f"(no frame pointers needed); the first frame outside libc/ld.so is the caller, of malloc or of "
+                                f"the mapping call itself")
+            else:
+                evidence.append(f"{top['regions']} region(s), {top['outstanding_bytes']:,} B "
+                                f"from call site {stack[1] if len(stack) > 1 else top['stack_key']}")
         evidence.append(f"{lost} event(s) lost" if lost else "0 events lost: the ledger is exact")
         out.append({"kind": CULPRIT_KINDS[kind], "library": library, "pid": pid,
                     "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
