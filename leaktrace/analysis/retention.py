@@ -2,8 +2,9 @@
 process's heap growth into memory in use (``uordblks`` + ``hblkhd``: what the program holds) and free memory
 the allocator keeps (``fordblks``: bins, fast bins, the top chunk).
 
-Memory in use is read as its floor (the least of neighbouring reads): temporary buffers held at the moment of
-a read are not kept. Each malloc-heap candidate of a process whose books were read carries both rates (``live_mb_per_min``,
+Memory in use is read at its troughs: the reads that caught no temporary buffers (those nearest a line under
+the series, found by refitting the line to them), and where the troughs are too few to cover the window, as
+its floor (the least of neighbouring reads). Temporary buffers held at the moment of a read are not kept. Each malloc-heap candidate of a process whose books were read carries both rates (``live_mb_per_min``,
 ``retained_mb_per_min``: the process's, malloc keeping one set of books per process). When the memory in use
 does not grow at the leak rate and the kept free memory explains the heap's growth, the growth is the
 allocator's retention, not a leak: the candidate becomes ``allocator-retention`` (never a leak verdict on its
@@ -14,14 +15,17 @@ read from the process's own settings (MALLOC_ARENA_MAX, MALLOC_TRIM_THRESHOLD_).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.candidates import THRESHOLDS, Candidate, clears
 from leaktrace.analysis.growth import Rate, rate
 from leaktrace.analysis.resident import growth_resident_share
 from leaktrace.session import TableSource
+from leaktrace.slope import theil_sen
 
 # The kept free memory explains a heap's growth when it grows at least this share of the candidate's rate.
 RETAINED_SHARE = 0.5
@@ -39,8 +43,7 @@ def books(reader: TableSource) -> dict[int, dict[str, Any]]:
         rows = _one_per_moment(rows[rows["complete"].astype(bool)].sort_values("t"))
         if len(rows) < 3:
             continue
-        in_use, retained_at = _kept(rows)
-        live = rate(rows["t"], in_use, warmup_s=0.0)
+        live, retained_at = _kept(rows)
         retained = rate(rows["t"], retained_at, warmup_s=0.0)
         out[int(pid)] = {"live": live, "retained": retained, "last": rows.iloc[-1].to_dict(), "reads": len(rows)}
     return out
@@ -59,14 +62,58 @@ def _one_per_moment(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.loc[(rows["uordblks"] + rows["hblkhd"]).groupby(moment).idxmin()].reset_index(drop=True)
 
 
-def _kept(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """(memory in use the program keeps, free memory malloc keeps) at each read. In use at a read includes
-    the temporary buffers of that moment: its floor (the least of each read and its neighbours) is what the
-    program keeps, and grows with a leak, not with bigger temporary batches. The temporaries came out of
-    malloc's free memory: it keeps them back once they are freed."""
-    in_use = rows["uordblks"] + rows["hblkhd"]
-    floor = in_use.rolling(FLOOR_READS, center=True, min_periods=1).min()
-    return floor, rows["fordblks"] + (in_use - floor)
+def _kept(rows: pd.DataFrame) -> tuple[Rate, pd.Series]:
+    """(the rate of the memory in use the program keeps, the free memory malloc keeps at each read). In use
+    at a read includes the temporary buffers of that moment; what the program keeps is read at the troughs
+    (``_troughs``), else as the floor of each read and its neighbours: it grows with a leak, not with bigger
+    temporary batches. The temporaries came out of malloc's free memory: it keeps them back once freed."""
+    t = rows["t"].to_numpy(dtype=float)
+    in_use = (rows["uordblks"] + rows["hblkhd"]).to_numpy(dtype=float)
+    keep = _troughs(t, in_use)
+    if keep is None:
+        floor = pd.Series(in_use).rolling(FLOOR_READS, center=True, min_periods=1).min().to_numpy()
+        live = rate(t, floor, warmup_s=0.0)
+    else:
+        live = rate(t[keep], in_use[keep], warmup_s=0.0)
+        if not np.isfinite(live.lower_per_s):  # too few troughs for the series' noise: their own spread
+            i, j = np.triu_indices(int(keep.sum()), k=1)
+            tk, yk = t[keep], in_use[keep]
+            live = dataclasses.replace(live, lower_per_s=float(np.min((yk[j] - yk[i]) / np.maximum(tk[j] - tk[i], 1e-9))))
+        slope = theil_sen(t[keep], in_use[keep])[0]
+        line = float(np.median(in_use[keep] - slope * t[keep])) + slope * t
+        floor = np.minimum(line, in_use)
+    return live, pd.Series(rows["fordblks"].to_numpy(dtype=float) + (in_use - floor), index=rows.index)
+
+
+# A read is a trough (no temporary buffers held) when its excess over the line under the series is within
+# this share of the way from the least excess to the median one; the line is refitted to the troughs.
+TROUGH_SHARE = 0.25
+TROUGH_ROUNDS = 3
+# The troughs speak for the window when at least this many reads cover this share of it.
+TROUGH_MIN_READS = 3
+TROUGH_MIN_COVER = 1 / 3
+
+
+def _troughs(t: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """The reads of memory in use that held no temporary buffers, or None when they do not cover the window.
+    A stager's batches lift most reads by hundreds of MB and leave a few at what the program keeps: the
+    least of neighbouring reads then still holds a batch, the troughs do not. The first line is flat (the
+    lowest reads), each next one the Theil–Sen fit of the troughs under the previous: a steady growth of
+    what is kept tilts it, and a series without temporaries keeps the lower half of its noise."""
+    base = np.zeros(len(y))
+    keep = np.ones(len(y), dtype=bool)
+    for _ in range(TROUGH_ROUNDS):
+        excess = y - base
+        least, middle = float(excess.min()), float(np.median(excess))
+        keep = excess <= least + TROUGH_SHARE * (middle - least)
+        if keep.sum() < 2:
+            return None
+        slope = theil_sen(t[keep], y[keep])[0]
+        base = float(np.median(y[keep] - slope * t[keep])) + slope * t
+    covered = float(t[keep].max() - t[keep].min())
+    if keep.sum() < TROUGH_MIN_READS or covered < TROUGH_MIN_COVER * float(t[-1] - t[0]):
+        return None
+    return keep
 
 
 def other_allocators(reader: TableSource) -> dict[int, dict[str, str]]:
