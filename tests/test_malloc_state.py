@@ -103,6 +103,34 @@ def test_retention_is_no_leak_and_a_live_leak_beside_it_stays_one(spawn, retain_
     assert live["mb_per_min"] == pytest.approx(in_use, rel=0.15)
 
 
+@pytest.fixture(scope="module")
+def mixed_bin() -> Path:
+    lib = build("libretainindex.so", ["retain_index_lib.c"], shared=True)
+    return build("malloc_mixed", ["malloc_retain.c"], cflags=["-DKEEP_LIB"],
+                 ldflags=["-lpthread", f"-L{lib.parent}", "-lretainindex", f"-Wl,-rpath,{lib.parent}"])
+
+
+@pytest.mark.bpf
+def test_a_live_leak_inside_a_retaining_process_is_named_by_its_library(spawn, mixed_bin, tmp_path):
+    """One process: eight staging threads grow malloc's heap with free memory it keeps, and a token index in
+    a library of its own keeps what it mallocs. The heap grows several times faster than the leak; the leak
+    is the memory in use, named by the caller whose own growth of the heap matches it, and the stagers'
+    growth is allocator retention beside it."""
+    both = spawn([mixed_bin, *STAGERS[:3], LEAK_KIB_PER_S])
+    rep = _hunt(tmp_path, "mixed", both.pid)
+    assert rep["verdict"] == "leak", rep["verdict_reason"]
+    by_kind = {c["kind"]: c for c in rep["culprits"] if c["pid"] == both.pid}
+    leak = by_kind["malloc-heap"]
+    assert leak["library"] == "libretainindex.so", rep["culprits"]
+    kept_per_min = LEAK_KIB_PER_S * 60 / 1024 * 272 / 256  # 256-byte entries in 272-byte chunks
+    assert leak["live_mb_per_min"] == pytest.approx(kept_per_min, rel=0.10)
+    assert leak["mb_per_min"] == pytest.approx(kept_per_min, rel=0.15)
+    assert leak["mapped_mb_per_min"] > 2 * leak["mb_per_min"]  # the whole heap's growth, stagers' included
+    assert any("libretainindex.so!index_keep" in f for f in leak["stack"]), leak["stack"]
+    kept = by_kind["allocator-retention"]
+    assert kept["library"] == "malloc_mixed" and kept["retained_mb_per_min"] > 100, rep["culprits"]
+
+
 @pytest.mark.bpf
 def test_first_touch_of_memory_malloc_holds_is_no_leak(spawn, retain_bin, tmp_path):
     # a 256 MiB pool malloc'ed at start, its pages written at 12 MB/min: the RSS grows, nothing held does

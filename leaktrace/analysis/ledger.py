@@ -191,6 +191,36 @@ def _top_sites(mine: pd.DataFrame, library: str, frames: dict[str, list[str]], n
              "stack": frames.get(key, [])} for key, row in by_site.head(n).iterrows()]
 
 
+def _site_line(top: dict[str, Any], library: str, scanned: set[str]) -> str:
+    """The evidence line of a library's top call site."""
+    if top["stack_key"] in scanned:
+        site = next((f for f in top["stack"] if library in f), top["stack_key"])
+        return (f"{top['regions']} growth(s), {top['outstanding_bytes']:,} B called from {site}: found by scanning "
+                f"the raw user stack at each growth for return addresses (no frame pointers needed); the first "
+                f"frame outside libc/ld.so is the caller, of malloc or of the mapping call itself")
+    stack = top["stack"]
+    return f"{top['regions']} region(s), {top['outstanding_bytes']:,} B from call site {stack[1] if len(stack) > 1 else top['stack_key']}"
+
+
+def _caller_rates(snaps: pd.DataFrame, pid: int, mine: pd.DataFrame, frames: dict[str, list[str]],
+                  scanned: set[str]) -> list[dict[str, Any]]:
+    """Each caller's own rate of a process's heap growth (its rows of the ledger), when more than one caller
+    grew it: the heap is one pool, judged whole, but a steady caller beside one whose batches come and go is
+    told apart by its own series (analysis/retention.py matches it to the growth of what malloc holds)."""
+    heap = snaps[(snaps["pid"] == pid) & (snaps["kind"] == "heap")]
+    if heap["library"].nunique() < 2:
+        return []
+    wide = heap.pivot_table(index="t", columns="library", values="outstanding_bytes", aggfunc="sum").fillna(0.0)
+    out = []
+    for library in wide.columns:
+        r = rate(wide.index.to_numpy(dtype=float), wide[library].to_numpy(dtype=float), warmup_s=0.0)
+        out.append({"library": str(library), "mb_per_min": r.steady_mb_per_min, "confidence": r.confidence,
+                    "outstanding_bytes": int(wide[library].iloc[-1]),
+                    "lower_mb_per_min": r.lower_mb_per_min, "sites": _top_sites(mine, str(library), frames)})
+        out[-1]["site_line"] = _site_line(out[-1]["sites"][0], str(library), scanned) if out[-1]["sites"] else None
+    return out
+
+
 def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[str, Any]]:
     """Growing (pid, library, kind) of the ledger. A process that exited after less than ``min_span_s`` of
     tracing is rated from what exists (its snapshots; with only two, its growth over its life, the birth
@@ -256,9 +286,11 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
         mine = pd.DataFrame()
         if not regions.empty:
             mine = regions[(regions["pid"] == pid) & (regions["kind"] == kind) & ~regions["preexisting"].astype(bool)]
+        callers: list[dict[str, Any]] = []
         if group_library is None:
             since = float(r.shape.t_split) if r.shape is not None and r.shape.kind == "warm-up" else None
             library, split = _heap_callers(mine, snaps, pid, since)
+            callers = _caller_rates(snaps, pid, mine, frames, scanned)
             what = f"the malloc heap of pid {pid} (grown since attach)"
         else:
             library, split = group_library, []
@@ -284,19 +316,11 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
         elif shape:
             evidence.append(shape)
         top_sites = _top_sites(mine, library, frames)
-        if top_sites:
-            top = top_sites[0]
-            stack = top["stack"]
-            if top["stack_key"] in scanned:
-                method = "stack-scan"
-                site = next((f for f in stack if library in f), top["stack_key"])
-                evidence.append(f"{top['regions']} growth(s), {top['outstanding_bytes']:,} B called from {site}: "
-                                f"found by scanning the raw user stack at each growth for return addresses "
-                                f"(no frame pointers needed); the first frame outside libc/ld.so is the caller, of malloc or of "
-                                f"the mapping call itself")
-            else:
-                evidence.append(f"{top['regions']} region(s), {top['outstanding_bytes']:,} B "
-                                f"from call site {stack[1] if len(stack) > 1 else top['stack_key']}")
+        site_line = _site_line(top_sites[0], library, scanned) if top_sites else None
+        if top_sites and site_line:
+            stack = top_sites[0]["stack"]
+            method = "stack-scan" if top_sites[0]["stack_key"] in scanned else method
+            evidence.append(site_line)
         evidence.append(f"{lost} event(s) lost" if lost else "0 events lost: the ledger is exact")
         out.append({"kind": CULPRIT_KINDS[kind], "library": library, "pid": pid,
                     "mb_per_min": r.steady_mb_per_min, "raw_mb_per_min": r.mb_per_min,
@@ -304,6 +328,6 @@ def native_culprits(reader: TableSource, min_span_s: float = 8.0) -> list[dict[s
                     "confidence": r.confidence, "step": r.step, "decelerating": r.decelerating, "sites": top_sites, "short_lived": short,
                     "lower_mb_per_min": r.lower_mb_per_min, "stopping": r.stop is not None and not r.bounded,
                     "stop_evidence": stopped,
-                    "stack_method": method})
+                    "stack_method": method, **({"callers": callers, "site_line": site_line} if callers else {})})
     out.sort(key=lambda c: (-c["mb_per_min"], -c["outstanding_bytes"]))
     return out

@@ -16,6 +16,7 @@ read from the process's own settings (MALLOC_ARENA_MAX, MALLOC_TRIM_THRESHOLD_).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -152,6 +153,7 @@ def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float]
     others = other_allocators(reader)
     snaps = reader.table("ledger_snapshots") if "ledger_snapshots" in reader.tables() else pd.DataFrame()
     unheld: list[Candidate] = []
+    split: list[Candidate] = []
     for c in ledger:
         if c.kind == "malloc-heap" and c.pid in others:
             c.extra["allocator"] = str(others[c.pid].get("name", "?"))
@@ -182,7 +184,60 @@ def recognise(reader: TableSource, ledger: list[Candidate], th: dict[str, float]
             c.kind = "allocator-retention"
             c.extra["rule_fields"] = {**c.extra.get("rule_fields", {}), **_facts(last),
                                       "grew_threads": growing_threads(reader, c.pid)}
-    return [c for c in ledger if not any(c is u for u in unheld)]
+        elif live >= th["leak_mb_per_min"] and c.mb_per_min > OUTGROWS_IN_USE * live:
+            rest = _held_part(c, live, kept, th)
+            if rest is not None:
+                rest.extra["rule_fields"] = {**_facts(last), "grew_threads": growing_threads(reader, c.pid)}
+                split.append(rest)
+    return [c for c in ledger if not any(c is u for u in unheld)] + split
+
+
+# A heap whose growth is more than this many times that of the memory in use grows by more than its leak;
+# a caller's own growth of the heap within this factor of the memory in use matches it.
+OUTGROWS_IN_USE = 1.5
+
+
+def _held_part(c: Candidate, live: float, kept: float, th: dict[str, float]) -> Candidate | None:
+    """A heap that grows more than what malloc holds in use (a caller's batches grow arenas beside a leak):
+    the leak is the memory in use, named by the caller whose own growth of the heap matches it (the ledger
+    keeps the heap's rows by caller, ledger._caller_rates), else by the heap's top caller. The rest, where
+    the free memory malloc keeps explains it, is returned as a second candidate, ``allocator-retention``,
+    named by the fastest other caller."""
+    heap, callers = c.mb_per_min, list(c.extra.get("callers") or [])
+    fits = [k for k in callers if k["mb_per_min"] > 0 and float(k["confidence"]) >= th["min_confidence"]
+            and 1 / OUTGROWS_IN_USE <= k["mb_per_min"] / live <= OUTGROWS_IN_USE]
+    match = min(fits, key=lambda k: abs(math.log(k["mb_per_min"] / live)), default=None)
+    c.extra["mapped_mb_per_min"] = round(heap, 4)
+    c.mb_per_min = live
+    if match is None:
+        why = "no caller's own growth of the heap matches it: named by the heap's top caller"
+    else:
+        why = (f"{match['library']} grew its rows of the heap {match['mb_per_min']:.2f} MB/min steadily "
+               f"(confidence {float(match['confidence']):.2f}), the caller whose growth matches it")
+        if match["library"] != c.library:
+            c.library, c.outstanding_bytes, c.extra["sites"] = match["library"], match["outstanding_bytes"], match["sites"]
+            c.stack = list(match["sites"][0]["stack"]) if match["sites"] else []
+            for k in ("python_stack", "ledger_stack"):
+                c.extra.pop(k, None)
+            old = c.extra.pop("site_line", None)
+            c.evidence = [e for e in c.evidence if e != old] + ([match["site_line"]] if match.get("site_line") else [])
+    c.evidence.insert(1, f"the heap grows {heap:.2f} MB/min, more than malloc's memory in use ({live:.2f} MB/min): "
+                         f"the leak is what is in use; {why}")
+    rest = heap - live
+    if rest < th["leak_mb_per_min"] or kept < RETAINED_SHARE * rest:
+        return None
+    other = max((k for k in callers if k is not match), key=lambda k: k["mb_per_min"], default=None)
+    library = other["library"] if other is not None else c.library
+    sites = other["sites"] if other is not None else []
+    return Candidate(
+        kind="allocator-retention", pid=c.pid, mb_per_min=rest, source=c.source, library=library,
+        stack=list(sites[0]["stack"]) if sites else [], outstanding_bytes=other["outstanding_bytes"] if other else 0,
+        cls="heap", python=c.python, label=c.label, title=c.title,
+        evidence=[c.evidence[0], f"the heap grows {heap:.2f} MB/min, of which {live:.2f} MB/min is memory in use "
+                  f"(a leak: its own culprit); the other {rest:.2f} MB/min is free memory malloc keeps "
+                  f"({kept:+.2f} MB/min), grown by {library}"],
+        extra={"measured_kind": "malloc-heap", "live_mb_per_min": round(live, 4), "retained_mb_per_min": round(kept, 4),
+               "confidence": c.extra.get("confidence", 1.0), "sites": sites, "mapped_mb_per_min": round(rest, 4)})
 
 
 # Threads named in full up to this many.
