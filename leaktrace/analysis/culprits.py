@@ -129,16 +129,17 @@ def _evidence(c: Candidate) -> float:
 
 
 def _order(cands: list[Candidate]) -> list[Candidate]:
-    """Most important first, by evidence (rate times confidence), never by rate alone: growth that is
-    slowing down ranks after every steady growth, whatever its rate; processes by their strongest steady
-    evidence; within one, attributed (library named) candidates before /proc-only ones; then by evidence
-    and outstanding bytes."""
+    """Most important first, by evidence (rate times confidence), never by rate alone: memory malloc keeps
+    free (allocator retention, no leak) ranks after every leak, and growth that is slowing down after every
+    steady growth, whatever its rate; processes by their strongest steady evidence; within one, attributed
+    (library named) candidates before /proc-only ones; then by evidence and outstanding bytes."""
     top: dict[int, float] = {}
     for c in cands:
-        if not _slowing(c):
+        if not _slowing(c) and c.kind != "allocator-retention":
             top[c.pid] = max(top.get(c.pid, 0.0), _evidence(c))
-    return sorted(cands, key=lambda c: (_slowing(c), -top.get(c.pid, 0.0), c.source == "watcher", -_evidence(c),
-                                        -c.mb_per_min, -(c.outstanding_bytes or 0)))
+    return sorted(cands, key=lambda c: (c.kind == "allocator-retention", _slowing(c), -top.get(c.pid, 0.0),
+                                        c.source == "watcher", -_evidence(c), -c.mb_per_min,
+                                        -(c.outstanding_bytes or 0)))
 
 
 def _window_rate(c: Candidate) -> float:
