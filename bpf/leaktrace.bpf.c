@@ -793,6 +793,34 @@ TRACEPOINT_PROBE(syscalls, sys_exit_munlockall)
     return lock_event(args, args->ret, LT_EV_MUNLOCKALL, 0);
 }
 
+/* A memfd created: memory a process keeps by descriptor (written with write(), never mapped) is in no address
+ * space and no RSS; the call path of the memfd_create calls names who keeps it (analysis/heldfiles.py). Rare
+ * calls: every one is sent. */
+TRACEPOINT_PROBE(syscalls, sys_exit_memfd_create)
+{
+    struct lt_uregs u;
+    struct lt_call *p = call_at_exit(args, &u);
+    if (!p)
+        return 0;
+    if (is_err(args->ret)) {
+        count(LT_CNT_FAILED);
+        return 0;
+    }
+    struct lt_event ev = {};
+    ev.seq = bpf_ktime_get_ns();
+    ev.type = LT_EV_MEMFD;
+    ev.tgid = p->tgid;
+    ev.tid = p->tid;
+    ev.fd = args->ret;
+    ev.flags = u.si;
+    ev.site = p->site;
+    ev.ip = p->ip;
+    ev.stack_id = p->stack_id;
+    ev.result = args->ret;
+    emit(&ev);
+    return 0;
+}
+
 #ifdef LT_SYSV_TRACEPOINTS
 /* shmid -> bytes of the segments the traced processes created (shmget of a new segment: IPC_PRIVATE, or IPC_CREAT |
  * IPC_EXCL), so a SHMAT event carries the size of what it mapped: read from /proc later, the segment may be gone

@@ -39,13 +39,14 @@
 #define LT_EV_MUNLOCK 15  /* pages unlocked (munlock): addr, len */
 #define LT_EV_MLOCKALL 16 /* mlockall: flags (MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT) */
 #define LT_EV_MUNLOCKALL 17 /* munlockall */
+#define LT_EV_MEMFD 18    /* a memfd created (memfd_create): fd = the descriptor it returned, flags = its MFD_* */
 
 /* EXIT event flags (lt_event.flags). */
 #define LT_EXIT_OOM 1         /* the OOM killer chose this process (oom:mark_victim) */
 #define LT_EXIT_NO_CODE 2     /* the exit code could not be read (no task_struct offset from BTF) */
 
 /* Per-CPU counters (index into the `counters` array). */
-#define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk/mprotect/shmat/shmdt/mlock* of the target set */
+#define LT_CNT_SYSCALLS 0      /* every traced mmap/munmap/mremap/brk/mprotect/shmat/shmdt/mlock*, memfd_create of the target set */
 #define LT_CNT_FAST_MAPS 1     /* mmaps kept in the kernel region map */
 #define LT_CNT_SETTLED 2       /* munmaps/mremaps settled in the kernel (exact match) */
 #define LT_CNT_SLOW 3          /* events handed to user space */

@@ -80,6 +80,11 @@ def test_memfds_kept_by_descriptor_are_a_culprit_at_their_rate(spawn, keeper_bin
     assert c["mb_per_min"] == pytest.approx(truth, rel=0.15)
     assert c["outstanding_bytes"] >= 0.9 * int(rows["bytes"].max())
     assert any("kv-staging" in e for e in c["evidence"])
+    # named by the call path of its memfd_create calls, every one of them traced by the eBPF layer
+    assert c["library"] == "memfd_keeper" and any(f.startswith("memfd_keeper!main") for f in c["stack"]), c
+    created = reader.table("bpf_events").query(f"type == 'memfd' and pid == {pid}")
+    since = rows[rows["t"] >= float(created["t"].min())]  # the probe's first second comes before its first event
+    assert len(created) >= int(since["files"].iloc[-1]) - int(since["files"].iloc[0])
     proc = next(p for p in rep["processes"] if p["pid"] == pid)
     assert proc["rss_mb_per_min"] < 0.2 * truth  # none of it is in the process's RSS
 

@@ -15,13 +15,17 @@ EV_FAULTWIN = 13  # a window of the first write fault of a fault key, to name wh
 # pages locked (mlock, mlock2: flags = mlock2's) and unlocked; mlockall (flags = MCL_*) and munlockall
 EV_MLOCK, EV_MUNLOCK, EV_MLOCKALL, EV_MUNLOCKALL = 14, 15, 16, 17
 LOCK_EVENTS = frozenset({EV_MLOCK, EV_MUNLOCK, EV_MLOCKALL, EV_MUNLOCKALL})
+EV_MEMFD = 18  # a memfd created: fd = the descriptor returned, flags = MFD_* (the call path of memory held by fd)
+# Events with nothing to account, sent for their call path alone (who locks pages, who keeps memory by fd).
+CALL_PATH_EVENTS = LOCK_EVENTS | {EV_MEMFD}
 EVENT_NAMES = {EV_MMAP: "mmap", EV_MUNMAP: "munmap", EV_MREMAP: "mremap", EV_BRK: "brk", EV_FORK: "fork",
                EV_EXEC: "exec", EV_EXIT: "exit", EV_LIBMAP: "libmap", EV_MPROTECT: "mprotect",
                EV_SHMAT: "shmat", EV_SHMDT: "shmdt", EV_HOOKWIN: "hookwin",
                EV_FAULTWIN: "faultwin", EV_MLOCK: "mlock", EV_MUNLOCK: "munlock", EV_MLOCKALL: "mlockall",
-               EV_MUNLOCKALL: "munlockall"}
+               EV_MUNLOCKALL: "munlockall", EV_MEMFD: "memfd"}
 # The events that carry the call site of their syscall (its caller, the stack key of what it accounts).
-SITE_EVENTS = frozenset({EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT, *LOCK_EVENTS})
+SITE_EVENTS = frozenset({EV_MMAP, EV_MREMAP, EV_BRK, EV_MUNMAP, EV_MPROTECT, EV_SHMAT, EV_SHMDT, EV_MEMFD,
+                         *LOCK_EVENTS})
 COUNTERS = ["syscalls", "fast_maps", "settled", "slow_events", "lost_events", "map_full", "stacks", "failed"]
 MREMAP_DONTUNMAP = 4
 EXIT_OOM, EXIT_NO_CODE = 1, 2  # EXIT event flags (LT_EXIT_*): result holds the wait status

@@ -33,6 +33,7 @@ from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
 from leaktrace.probes.bpf.hookpaths import HookPaths
 from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import (
+    CALL_PATH_EVENTS,
     COUNTERS,
     EV_BRK,
     EV_EXEC,
@@ -49,7 +50,6 @@ from leaktrace.probes.bpf.layout import (
     EV_SHMDT,
     EXIT_NO_CODE,
     EXIT_OOM,
-    LOCK_EVENTS,
     MREMAP_DONTUNMAP,
     Event,
     WindowEvent,
@@ -383,7 +383,7 @@ class BpfProbe(ProbeBase):
             self.kernel.forget_runtime(pid)
         elif e.type == EV_LIBMAP:
             self.seeds.library_loaded(pid)
-        elif e.type in LOCK_EVENTS:  # nothing to account: the call path of what the process locks
+        elif e.type in CALL_PATH_EVENTS:  # nothing to account: who locks pages, or keeps memory by fd
             if self.writer is not None:
                 self.writer.lock_site(pid, origin_of(e, "lock"))
 
