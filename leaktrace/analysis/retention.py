@@ -93,14 +93,20 @@ TROUGH_ROUNDS = 3
 # The troughs speak for the window when at least this many reads cover this share of it.
 TROUGH_MIN_READS = 3
 TROUGH_MIN_COVER = 1 / 3
+# Troughs are read only where temporaries dominate: the median read holds at least this many times the least
+# read's memory in use above it. A churner's in use walks a few percent about its level, where the reads
+# nearest a line are a chosen few of its noise, not what it keeps.
+TEMPORARIES_DOMINATE = 1.0
 
 
 def _troughs(t: np.ndarray, y: np.ndarray) -> np.ndarray | None:
-    """The reads of memory in use that held no temporary buffers, or None when they do not cover the window.
-    A stager's batches lift most reads by hundreds of MB and leave a few at what the program keeps: the
+    """The reads of memory in use that held no temporary buffers, or None when they do not cover the window
+    or temporaries do not dominate the series. A stager's batches lift most reads by hundreds of MB and leave a few at what the program keeps: the
     least of neighbouring reads then still holds a batch, the troughs do not. The first line is flat (the
     lowest reads), each next one the Theil–Sen fit of the troughs under the previous: a steady growth of
     what is kept tilts it, and a series without temporaries keeps the lower half of its noise."""
+    if len(y) < TROUGH_MIN_READS or float(np.median(y)) - float(y.min()) < TEMPORARIES_DOMINATE * max(float(y.min()), 0.0):
+        return None
     base = np.zeros(len(y))
     keep = np.ones(len(y), dtype=bool)
     for _ in range(TROUGH_ROUNDS):
@@ -198,32 +204,31 @@ OUTGROWS_IN_USE = 1.5
 
 
 def _held_part(c: Candidate, live: float, kept: float, th: dict[str, float]) -> Candidate | None:
-    """A heap that grows more than what malloc holds in use (a caller's batches grow arenas beside a leak):
-    the leak is the memory in use, named by the caller whose own growth of the heap matches it (the ledger
-    keeps the heap's rows by caller, ledger._caller_rates), else by the heap's top caller. The rest, where
-    the free memory malloc keeps explains it, is returned as a second candidate, ``allocator-retention``,
-    named by the fastest other caller."""
+    """A heap that grows more than what malloc holds in use (a caller's batches grow arenas beside a leak),
+    where another caller than the one named grows its own rows of the heap (the ledger keeps them by caller,
+    ledger._caller_rates) steadily at about the rate of the memory in use: that caller is the leak, at its own
+    rate. The rest, where the free memory malloc keeps explains it, is returned as a second candidate,
+    ``allocator-retention``, named by the fastest other caller. A heap of one caller, or whose matching
+    caller is the one named, is left as the ledger judged it."""
     heap, callers = c.mb_per_min, list(c.extra.get("callers") or [])
     fits = [k for k in callers if k["mb_per_min"] > 0 and float(k["confidence"]) >= th["min_confidence"]
             and 1 / OUTGROWS_IN_USE <= k["mb_per_min"] / live <= OUTGROWS_IN_USE]
     match = min(fits, key=lambda k: abs(math.log(k["mb_per_min"] / live)), default=None)
+    if match is None or match["library"] == c.library:
+        return None
     c.extra["mapped_mb_per_min"] = round(heap, 4)
-    c.mb_per_min = live
-    if match is None:
-        why = "no caller's own growth of the heap matches it: named by the heap's top caller"
-    else:
-        why = (f"{match['library']} grew its rows of the heap {match['mb_per_min']:.2f} MB/min steadily "
-               f"(confidence {float(match['confidence']):.2f}), the caller whose growth matches it")
-        if match["library"] != c.library:
-            c.library, c.outstanding_bytes, c.extra["sites"] = match["library"], match["outstanding_bytes"], match["sites"]
-            c.stack = list(match["sites"][0]["stack"]) if match["sites"] else []
-            for k in ("python_stack", "ledger_stack"):
-                c.extra.pop(k, None)
-            old = c.extra.pop("site_line", None)
-            c.evidence = [e for e in c.evidence if e != old] + ([match["site_line"]] if match.get("site_line") else [])
+    c.mb_per_min = float(match["mb_per_min"])
+    c.library, c.outstanding_bytes, c.extra["sites"] = match["library"], match["outstanding_bytes"], match["sites"]
+    c.stack = list(match["sites"][0]["stack"]) if match["sites"] else []
+    for k in ("python_stack", "ledger_stack"):
+        c.extra.pop(k, None)
+    old = c.extra.pop("site_line", None)
+    c.evidence = [e for e in c.evidence if e != old] + ([match["site_line"]] if match.get("site_line") else [])
     c.evidence.insert(1, f"the heap grows {heap:.2f} MB/min, more than malloc's memory in use ({live:.2f} MB/min): "
-                         f"the leak is what is in use; {why}")
-    rest = heap - live
+                         f"the leak is what is in use; {match['library']} grew its rows of the heap "
+                         f"{match['mb_per_min']:.2f} MB/min steadily (confidence {float(match['confidence']):.2f}), "
+                         "the caller whose growth matches it")
+    rest = heap - c.mb_per_min
     if rest < th["leak_mb_per_min"] or kept < RETAINED_SHARE * rest:
         return None
     other = max((k for k in callers if k is not match), key=lambda k: k["mb_per_min"], default=None)
@@ -233,8 +238,8 @@ def _held_part(c: Candidate, live: float, kept: float, th: dict[str, float]) -> 
         kind="allocator-retention", pid=c.pid, mb_per_min=rest, source=c.source, library=library,
         stack=list(sites[0]["stack"]) if sites else [], outstanding_bytes=other["outstanding_bytes"] if other else 0,
         cls="heap", python=c.python, label=c.label, title=c.title,
-        evidence=[c.evidence[0], f"the heap grows {heap:.2f} MB/min, of which {live:.2f} MB/min is memory in use "
-                  f"(a leak: its own culprit); the other {rest:.2f} MB/min is free memory malloc keeps "
+        evidence=[c.evidence[0], f"the heap grows {heap:.2f} MB/min, of which {c.mb_per_min:.2f} MB/min is "
+                  f"{c.library}'s leak (its own culprit); the other {rest:.2f} MB/min is free memory malloc keeps "
                   f"({kept:+.2f} MB/min), grown by {library}"],
         extra={"measured_kind": "malloc-heap", "live_mb_per_min": round(live, 4), "retained_mb_per_min": round(kept, 4),
                "confidence": c.extra.get("confidence", 1.0), "sites": sites, "mapped_mb_per_min": round(rest, 4)})
