@@ -75,3 +75,21 @@ def test_arenas_committed_past_what_malloc_holds_are_no_leak(tmp_path, written):
         assert kept == [c] and not warnings
     else:
         assert kept == [] and "arenas committed past what they hold" in warnings[0], warnings
+
+
+def test_a_leak_read_mostly_at_its_troughs_keeps_its_rate(tmp_path):
+    """Most reads find the stagers idle and a few catch a batch of hundreds of MB: the troughs are most of
+    the series, their own noise its median excess, and every one of them is what the program keeps."""
+    rng = np.random.default_rng(7)
+    t = np.arange(0.5, 52.0, 3.0)
+    caught = {0, 3, 4, 6, 11, 14, 16, 17}
+    w = SessionWriter(tmp_path / "s")
+    for i, x in enumerate(t):
+        held = int(10 * MB + 30.0 * MB / 60 * x + rng.normal(0, 0.05 * MB))
+        batch = int(rng.uniform(150, 270) * MB) if i in caught else 0
+        w.append("malloc_state", {"t": float(x), "pid": 7, "complete": True, "arenas": 9, "arena": 1700 * MB,
+                                  "uordblks": held + batch, "hblkhd": 0, "fordblks": 1700 * MB - held - batch})
+    w.close()
+    live = books(SessionReader(tmp_path / "s"))[7]["live"]
+    assert live.mb_per_min == pytest.approx(30.0, rel=0.05), live
+    assert live.lower_mb_per_min > 25.0, live

@@ -87,8 +87,11 @@ def _kept(rows: pd.DataFrame) -> tuple[Rate, pd.Series]:
 
 
 # A read is a trough (no temporary buffers held) when its excess over the line under the series is within
-# this share of the way from the least excess to the median one; the line is refitted to the troughs.
+# this share of the way from the least excess to the median one, or within TROUGH_BAND of the least read's
+# memory in use (where most reads are troughs, the median excess is their own noise); the line is refitted
+# to the troughs.
 TROUGH_SHARE = 0.25
+TROUGH_BAND = 0.05
 TROUGH_ROUNDS = 3
 # The troughs speak for the window when at least this many reads cover this share of it.
 TROUGH_MIN_READS = 3
@@ -109,10 +112,11 @@ def _troughs(t: np.ndarray, y: np.ndarray) -> np.ndarray | None:
         return None
     base = np.zeros(len(y))
     keep = np.ones(len(y), dtype=bool)
+    band = TROUGH_BAND * float(y.min())
     for _ in range(TROUGH_ROUNDS):
         excess = y - base
         least, middle = float(excess.min()), float(np.median(excess))
-        keep = excess <= least + TROUGH_SHARE * (middle - least)
+        keep = excess <= least + max(TROUGH_SHARE * (middle - least), band)
         if keep.sum() < 2:
             return None
         slope = theil_sen(t[keep], y[keep])[0]
