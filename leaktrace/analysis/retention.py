@@ -4,7 +4,8 @@ the allocator keeps (``fordblks``: bins, fast bins, the top chunk).
 
 Memory in use is read at its troughs: the reads that caught no temporary buffers (those nearest a line under
 the series, found by refitting the line to them), and where the troughs are too few to cover the window, as
-its floor (the least of neighbouring reads). Temporary buffers held at the moment of a read are not kept. Each malloc-heap candidate of a process whose books were read carries both rates (``live_mb_per_min``,
+its floor (the least of neighbouring reads). Temporary buffers held at the moment of a read are not kept.
+Each malloc-heap candidate of a process whose books were read carries both rates (``live_mb_per_min``,
 ``retained_mb_per_min``: the process's, malloc keeping one set of books per process). When the memory in use
 does not grow at the leak rate and the kept free memory explains the heap's growth, the growth is the
 allocator's retention, not a leak: the candidate becomes ``allocator-retention`` (never a leak verdict on its
@@ -104,15 +105,17 @@ TEMPORARIES_DOMINATE = 1.0
 
 def _troughs(t: np.ndarray, y: np.ndarray) -> np.ndarray | None:
     """The reads of memory in use that held no temporary buffers, or None when they do not cover the window
-    or temporaries do not dominate the series. A stager's batches lift most reads by hundreds of MB and leave a few at what the program keeps: the
-    least of neighbouring reads then still holds a batch, the troughs do not. The first line is flat (the
+    or temporaries do not dominate the series. A stager's batches lift most reads by hundreds of MB and leave
+    a few at what the program keeps: the least of neighbouring reads then still holds a batch, the troughs
+    do not. The first line is flat (the
     lowest reads), each next one the Theil–Sen fit of the troughs under the previous: a steady growth of
     what is kept tilts it, and a series without temporaries keeps the lower half of its noise."""
-    if len(y) < TROUGH_MIN_READS or float(np.median(y)) - float(y.min()) < TEMPORARIES_DOMINATE * max(float(y.min()), 0.0):
+    least_read = float(y.min()) if len(y) else 0.0
+    if len(y) < TROUGH_MIN_READS or float(np.median(y)) - least_read < TEMPORARIES_DOMINATE * max(least_read, 0.0):
         return None
     base = np.zeros(len(y))
     keep = np.ones(len(y), dtype=bool)
-    band = TROUGH_BAND * float(y.min())
+    band = TROUGH_BAND * least_read
     for _ in range(TROUGH_ROUNDS):
         excess = y - base
         least, middle = float(excess.min()), float(np.median(excess))
