@@ -16,7 +16,7 @@ Where the resident bytes of a ledger culprit come from, best first (the evidence
 
 A mapping culprit's ``mb_per_min`` (kind native-mmap) is its mapped rate times the share of its growth that
 is resident: the Theil-Sen slope of its group's resident bytes over that of its mapped bytes, on the ticks
-that read pagemap for every row of the group. A library that maps memory and never writes it grows the
+that read pagemap for every row of the group, less those that raced a move of its memory. A library that maps memory and never writes it grows the
 address space, not RAM: it stays a culprit (``mapped_mb_per_min``), rated by what it costs.
 """
 
@@ -73,7 +73,23 @@ def _complete_ticks(snaps: pd.DataFrame, pid: int, library: str | None, kind: st
         return pd.DataFrame(columns=["mapped", "resident"])
     known = mine.groupby("t").agg(mapped=("outstanding_bytes", "sum"), resident=("resident_bytes", "sum"),
                                   unread=("resident_bytes", lambda s: int(s.isna().sum())))
-    return known[known["unread"] == 0][["mapped", "resident"]]
+    known = known[known["unread"] == 0][["mapped", "resident"]]
+    return _unraced(known)
+
+
+# A tick whose resident share is below this share of the group's median one raced a move: pagemap read the
+# buffer's old address after mremap moved it (a read can only miss pages, never find more). On a loaded box
+# a buffer moved on every grow read 0 at a third of its ticks.
+RACED_SHARE = 0.75
+
+
+def _unraced(known: pd.DataFrame) -> pd.DataFrame:
+    """``known`` (mapped, resident per tick) without the ticks that raced a move of the group's memory."""
+    mapped = known["mapped"].to_numpy(dtype=float)
+    if not len(known) or not (mapped > 0).any():
+        return known
+    share = known["resident"].to_numpy(dtype=float) / np.maximum(mapped, 1.0)
+    return known[(mapped <= 0) | (share >= RACED_SHARE * float(np.median(share[mapped > 0])))]
 
 
 def growth_resident_share(snaps: pd.DataFrame, pid: int, library: str | None, kind: str) -> tuple[float, int] | None:
