@@ -735,8 +735,8 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 
 /* Locked memory (mlock, mlock2, munlock, mlockall, munlockall): nothing to account in the ledger (a lock maps
  * nothing), but the call path of the pages a process keeps locked, as an mmap's: VmLck growth names its library
- * even where the locked pages were mapped long before (a pool locked slice by slice). Rare calls: every one is
- * sent. */
+ * even where the locked pages were mapped long before (a pool locked slice by slice). memfd_create's events are
+ * sent by it too: nothing to account, the call path alone. Rare calls: every one is sent. */
 static __always_inline int lock_event(void *ctx, long ret, u32 type, int has_flags)
 {
     struct lt_uregs u;
@@ -757,6 +757,9 @@ static __always_inline int lock_event(void *ctx, long ret, u32 type, int has_fla
         ev.addr = start;
         ev.len = page_up(u.di + u.si - start);
         ev.flags = has_flags ? u.dx : 0;  /* mlock2's MLOCK_ONFAULT */
+    } else if (type == LT_EV_MEMFD) {
+        ev.fd = ret;      /* the descriptor it returned */
+        ev.flags = u.si;  /* MFD_* */
     } else if (has_flags) {
         ev.flags = u.di;  /* mlockall's MCL_* */
     }
@@ -794,31 +797,10 @@ TRACEPOINT_PROBE(syscalls, sys_exit_munlockall)
 }
 
 /* A memfd created: memory a process keeps by descriptor (written with write(), never mapped) is in no address
- * space and no RSS; the call path of the memfd_create calls names who keeps it (analysis/heldfiles.py). Rare
- * calls: every one is sent. */
+ * space and no RSS; the call path of the memfd_create calls names who keeps it (analysis/heldfiles.py). */
 TRACEPOINT_PROBE(syscalls, sys_exit_memfd_create)
 {
-    struct lt_uregs u;
-    struct lt_call *p = call_at_exit(args, &u);
-    if (!p)
-        return 0;
-    if (is_err(args->ret)) {
-        count(LT_CNT_FAILED);
-        return 0;
-    }
-    struct lt_event ev = {};
-    ev.seq = bpf_ktime_get_ns();
-    ev.type = LT_EV_MEMFD;
-    ev.tgid = p->tgid;
-    ev.tid = p->tid;
-    ev.fd = args->ret;
-    ev.flags = u.si;
-    ev.site = p->site;
-    ev.ip = p->ip;
-    ev.stack_id = p->stack_id;
-    ev.result = args->ret;
-    emit(&ev);
-    return 0;
+    return lock_event(args, args->ret, LT_EV_MEMFD, 1);
 }
 
 #ifdef LT_SYSV_TRACEPOINTS
