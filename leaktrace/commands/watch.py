@@ -74,7 +74,8 @@ def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float,
           prometheus_port: int | None, prometheus_addr: str, leak_mb_per_min: float | None, confirm_s: float,
           deep_hunt_s: float, max_disk_mb: float, duration: float | None, no_bpf: bool, no_gdb: bool,
           formats: tuple[str, ...], quiet: bool) -> None:
-    """Watch process trees always-on, light (a /proc read per process a tick, the eBPF ledger, no gdb).
+    """Watch process trees always-on, light (a /proc read per process a tick, no gdb; the eBPF ledger only of
+    the processes that grow).
 
     Processes matching the selection are picked up as they start and followed until they end. A growth
     that is a leak by the hunt's rules for --confirm-s gets a deep hunt of its tree (a normal session with

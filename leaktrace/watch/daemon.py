@@ -1,5 +1,6 @@
 """The watch's loop: every tick the selection is rescanned, the watcher probe reads each process's
-smaps_rollup into the rolling history (a full smaps every smaps_every ticks), each process is judged, a leak
+smaps_rollup into the rolling history (a full smaps every smaps_every ticks), each process is judged (one judged
+growing joins the eBPF ledger's targets), a leak
 held for --confirm-s starts a deep hunt, a growing process that ended leaves an exit incident, watch.json is
 rewritten (atomically) and the Prometheus snapshot replaced. It stops at --duration or on SIGTERM/Ctrl-C,
 stopping its deep hunts cleanly (their sessions and reports are written)."""
@@ -42,6 +43,11 @@ WATCH_SCHEMA = "leaktrace.watch/1"
 MAX_INCIDENTS_LISTED = 100  # watch.json and memory: the newest incidents (all stay on disk, up to the bound)
 MAX_EXITED_LISTED = 50
 DISK_CHECK_EVERY_S = 60.0
+# The watch's eBPF ring: 2048 pages, 8 MiB, ~70,000 records. Only growing processes are traced (see tick), each
+# drained every quarter second; the hunt's 32 MiB ring is sized for a whole loaded P/D pair going undrained for
+# tens of seconds. The kernel allocates it whole, and its pages count twice in the watch's RSS once written
+# (the ring is mapped twice, for records that wrap).
+WATCH_RING_PAGES = 2048
 
 
 @dataclass
@@ -69,6 +75,12 @@ class Watch:
         self.targets = TargetSet(roots=[])
         self.ctx = HuntContext(session=self.ring, targets=self.targets, options=hopts,
                                log=log)
+        # What the eBPF ledger follows: the processes judged growing since they were first followed (and the
+        # children they fork), never the whole selection. A clean node's allocator churn (tens of thousands of
+        # map/unmap calls a second over twenty workers) is then filtered in the kernel, never handled here;
+        # a leak is growing ticks before it is judged a leak, and its ledger runs from then on.
+        self.traced = TargetSet(roots=[])
+        self.bpf_ctx = HuntContext(session=self.ring, targets=self.traced, options=hopts, log=log)
         self.watcher = WatcherProbe(hopts)
         self.tracked: dict[int, Tracked] = {}
         self.incidents: deque[Incident] = deque(maxlen=MAX_INCIDENTS_LISTED)
@@ -139,6 +151,8 @@ class Watch:
             self._guarded(f"pid {pid} ended", self._ended, pid, now)
         for pid in sorted(live):
             self._guarded(f"judging pid {pid}", self._judge, pid, root_of.get(pid, pid), now)
+        if self.bpf is not None:
+            self._guarded("eBPF targets", self._trace_growing, live)
         for inc in list(self.running):
             if poll_deep_hunt(inc):
                 self._finished(inc)
@@ -152,7 +166,7 @@ class Watch:
 
     def _start_bpf(self) -> None:
         """The in-kernel ledger (the eBPF probe of `hunt`): outstanding bytes by library and call site of
-        every followed process, live on /metrics and kept in exit incidents. Unavailable, the watch goes on
+        every process judged growing (_trace_growing), live on /metrics and kept in exit incidents. Unavailable, the watch goes on
         with /proc alone and says so."""
         from leaktrace.errors import LeaktraceError
         from leaktrace.probes.bpf.probe import BpfProbe
@@ -160,12 +174,27 @@ class Watch:
 
         try:
             ensure_mounted()
-            probe = BpfProbe(self.ctx.options)
-            probe.start(self.ctx)
+            probe = BpfProbe(self.ctx.options, defines={"LT_RING_PAGES": WATCH_RING_PAGES})
+            probe.start(self.bpf_ctx)
         except (LeaktraceError, OSError) as e:
             self.log(f"warning: eBPF ledger off (the watch goes on with /proc): {e}")
             return
         self.bpf = probe
+
+    def _trace_growing(self, live: set[int]) -> None:
+        """Growing processes join the eBPF ledger's targets (seeded with what they map already); a traced
+        process stays traced while it lives."""
+        with self.targets.lock:
+            parent = dict(self.targets.pids)
+        new = [pid for pid, tr in self.tracked.items() if tr.grew and pid in live and pid not in self.traced.pids]
+        with self.traced.lock:
+            for pid in [p for p in self.traced.pids if p not in live]:
+                del self.traced.pids[pid]
+            for pid in new:
+                self.traced.pids[pid] = parent.get(pid, 0)
+        for pid in sorted(new):
+            self.log(f"pid {pid} grows: its mappings traced by the eBPF ledger from now on")
+            self.bpf.add_pid(pid)
 
     def _guarded(self, what: str, fn: Callable[..., None], *args: Any) -> None:
         try:
