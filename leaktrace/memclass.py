@@ -12,6 +12,9 @@ CLASSES = ("heap", "arena", "anon", "stack", "shm", "file", "lib", "driver", "sp
 _LIB_RE = re.compile(r"\.so(\.[0-9.]+)?( \(deleted\))?$|\.so[.-]")
 _DRIVER_PREFIXES = ("/dev/nvidia", "/dev/infiniband", "/dev/dri", "/dev/kfd", "/dev/accel", "/dev/hugepages", "/dev/uverbs", "/dev/gdrdrv", "/dev/xpmem", "/dev/knem", "anon_inode:")
 _SPECIAL = {"[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]", "[uprobes]"}
+# The culprit kind of each memory class.
+KIND_OF_CLASS = {"anon": "native-mmap", "arena": "malloc-heap", "heap": "malloc-heap", "shm": "shm",
+                 "file": "file", "driver": "other", "stack": "other", "lib": "file", "other": "other"}
 # Allocators preloaded or linked in glibc malloc's place: malloc itself, whoever calls it.
 ALLOCATOR_LIBRARIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("jemalloc", re.compile(r"^libjemalloc[.-]")),

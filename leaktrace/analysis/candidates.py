@@ -23,12 +23,10 @@ from leaktrace.analysis.leaking import (  # noqa: F401
 )
 from leaktrace.analysis.ledger import native_culprits
 from leaktrace.analysis.pyobjects import explains, names_other_library, type_evidence
-from leaktrace.memclass import LIBC_LIBRARY
+from leaktrace.memclass import KIND_OF_CLASS, LIBC_LIBRARY
 from leaktrace.session import TableSource
 from leaktrace.vllm.labels import LABELS, classify_argv
 
-KIND_OF_CLASS = {"anon": "native-mmap", "arena": "malloc-heap", "heap": "malloc-heap", "shm": "shm",
-                 "file": "file", "driver": "other", "stack": "other", "lib": "file", "other": "other"}
 _PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
 _LIB_IN_FRAME = re.compile(r"([A-Za-z0-9_.+-]+\.so(?:[.-][A-Za-z0-9_.-]*)?)")
 

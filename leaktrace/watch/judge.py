@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.candidates import THRESHOLDS, is_doubtful, is_leaking
+from leaktrace.analysis.candidates import is_doubtful, is_leaking
 from leaktrace.analysis.growth import MB, process_rates
+from leaktrace.analysis.thresholds import THRESHOLDS
 from leaktrace.slope import theil_sen
 
 # The full rules run only when the cheap slope reaches this share of the leak rate.

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from leaktrace.analysis.candidates import KIND_OF_CLASS
+from leaktrace.memclass import KIND_OF_CLASS
 from leaktrace.slope import theil_sen
 
 MB = 1024 * 1024
