@@ -20,6 +20,7 @@ from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_origin
 from leaktrace.probes.bpf.layout import COUNTERS, Range, Region, RegionKey, Target
 from leaktrace.probes.bpf.ledger import OutstandingLedger
+from leaktrace.probes.bpf.mapread import BatchReader
 from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
 
 
@@ -71,6 +72,7 @@ class KernelSide:
         self.ledger = ledger
         self.origins = origins
         self.prog: Any = None  # the loaded BCC program (its maps: regions, counters, stacks ...)
+        self._regions_reader: BatchReader | None = None  # the regions map's batch reads, buffers kept
         self.pidns_ino: int | None = None  # set when /proc's pids are not the kernel's (bpf/leaktrace.bpf.c)
         self._lib: Any = None  # libbcc (bpf_lookup_and_delete)
         # Kernel regions at the last snapshot, per tgid (only starts and seqs are kept: 16 bytes a region).
@@ -100,6 +102,7 @@ class KernelSide:
     def close(self) -> None:
         self.prog.cleanup()
         self.prog = None
+        self._regions_reader = None
 
     def consume(self) -> None:
         """Hand what the ring holds to ``on_record`` (see :meth:`attach`)."""
@@ -191,8 +194,10 @@ class KernelSide:
                 oids.append(oid)
 
         table = self.prog[b"regions"]
+        if self._regions_reader is None or self._regions_reader.table is not table:
+            self._regions_reader = BatchReader(table, self._lib)
         try:
-            fill(table.items_lookup_batch(), cols, oids)
+            fill(self._regions_reader.items(), cols, oids)
         except Exception:  # batch ops missing (old kernels): slower walk
             for c in (*cols, oids):
                 del c[:]
