@@ -26,8 +26,6 @@ from typing import Any
 from leaktrace.errors import LeaktraceError
 from leaktrace.huntspec import HuntSpec
 from leaktrace.procfs.exits import describe_exit
-from leaktrace.report import render_session
-from leaktrace.session import SessionWriter
 
 INCIDENTS = "incidents"
 HUNT_STOP_GRACE_S = 60.0  # a deep hunt stopped by SIGTERM writes its report in this time, else is killed
@@ -162,6 +160,10 @@ def write_exit_incident(out: Path, pid: int, root: int, t: float, tables: dict[s
     rollup = tables.get("rollup") or []
     t0 = float(rollup[0]["t"]) if rollup else t
     try:
+        # Imported here (pandas, pyarrow): a watch that never writes an exit incident never loads them.
+        from leaktrace.report import render_session
+        from leaktrace.session import SessionWriter
+
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = SessionWriter(path, meta={"target": {"pids": [pid], "processes": [{"pid": pid}]},
                                            "attach_s": 0.0, "watch": {**watch_meta, "exit": ex, "root": root}})

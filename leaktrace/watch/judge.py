@@ -1,6 +1,7 @@
 """A process's recent growth judged by the verdict rules of `hunt` (leaktrace.analysis: the robust rates,
 steps and plateau shapes of analysis.growth, the thresholds of analysis.candidates), over the watch's rolling
-window. A cheap slope filters first: most ticks of most processes need no more than that."""
+window. A cheap slope filters first: most ticks of most processes need no more than that, and the analysis
+is imported only past it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from leaktrace.analysis.candidates import is_doubtful, is_leaking
-from leaktrace.analysis.growth import MB, process_rates
 from leaktrace.analysis.thresholds import THRESHOLDS
 from leaktrace.slope import theil_sen
+
+MB = 1024 * 1024
 
 # The full rules run only when the cheap slope reaches this share of the leak rate.
 PREFILTER_SHARE = 0.5
@@ -53,6 +53,13 @@ def judge(rows: list[dict[str, Any]], th: dict[str, float]) -> Judgement:
     fast = max(j.rss_per_s, j.anon_per_s) * 60.0 / MB
     if fast < PREFILTER_SHARE * th["leak_mb_per_min"]:
         return j
+    # The hunt's analysis (pandas: ~80 MB of the watch's RSS) is loaded the first time a process grows, so a
+    # watch over a clean node never holds it.
+    import pandas as pd
+
+    from leaktrace.analysis.candidates import is_doubtful, is_leaking
+    from leaktrace.analysis.growth import process_rates
+
     row = process_rates(pd.DataFrame(rows)).iloc[0]
     j.leaking = bool(is_leaking(row, th))
     j.growing = j.leaking or bool(is_doubtful(row, th))
