@@ -7,6 +7,8 @@ stopping its deep hunts cleanly (their sessions and reports are written)."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import resource
 import threading
@@ -48,6 +50,12 @@ DISK_CHECK_EVERY_S = 60.0
 # tens of seconds. The kernel allocates it whole, and its pages count twice in the watch's RSS once written
 # (the ring is mapped twice, for records that wrap).
 WATCH_RING_PAGES = 2048
+# glibc's malloc raises its mmap threshold (to 32 MiB) after a large block is freed, and its trim threshold with
+# it: the transient buffers of a process's first reads (smaps of thousands of mappings, a library's symbol
+# tables) then stay in the heap, free, for the life of the daemon (~60 MB once a torch worker is traced). A
+# fixed threshold keeps blocks from 128 KiB up in their own mappings, returned when freed.
+MMAP_THRESHOLD = 128 << 10
+M_MMAP_THRESHOLD = -3  # malloc.h
 
 
 @dataclass
@@ -104,6 +112,7 @@ class Watch:
         if stop is not None:
             flag.join(stop)
         reason = "deadline"
+        _fix_mmap_threshold()
         try:
             if self.options.prometheus_port is not None:
                 self.exporter = WatchExporter(self.options.prometheus_port, self.options.prometheus_addr,
@@ -377,3 +386,8 @@ class Watch:
             atomic_write_text(self.out / WATCH_JSON, json.dumps(doc, indent=1, default=str))
         except OSError as e:
             self.log(f"warning: cannot write {self.out / WATCH_JSON}: {e}")
+
+
+def _fix_mmap_threshold() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
