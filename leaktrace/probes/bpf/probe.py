@@ -25,8 +25,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from leaktrace import procfs
-from leaktrace.errors import AccessDenied, ProcessGone
 from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
 from leaktrace.probes.bpf import loader
 from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
@@ -55,6 +53,7 @@ from leaktrace.probes.bpf.layout import (
     WindowEvent,
 )
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.missed import missed_at_attach
 from leaktrace.probes.bpf.origins import GrowthOrigins, origin_of
 from leaktrace.probes.bpf.procread import _is_process
 from leaktrace.probes.bpf.seeds import AddressSpaceSeeds
@@ -133,30 +132,12 @@ class BpfProbe(ProbeBase):
         for pid in ctx.targets.live():
             self._add_target(pid)
         self.attach_s = time.monotonic() - self._build.started_at
-        self._missed_at_attach(ctx)
+        missed_at_attach(ctx, self.attach_s)
         where = f", pids of PID namespace {pidns_ino}" if pidns_ino else ""
         ctx.log(f"bpf: tracing {len(self._known)} process(es), {choice.kind} kernel headers{where}, "
                 f"live {self.attach_s:.2f}s after the compile began (compile and load {self.compile_s:.2f}s)")
         self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
         self._thread.start()
-
-    def _missed_at_attach(self, ctx: HuntContext) -> None:
-        """Targets that ended while the program compiled (seconds under load): nothing of theirs was traced.
-        Said plainly (``bpf_missed`` rows: t = when the probe went live, pid, exit_code when still a zombie)."""
-        rows = []
-        for pid in ctx.targets.live():
-            try:
-                text = procfs.read_proc_text(pid, "stat")
-                if procfs.stat_field(text, 3) != "Z":
-                    continue
-                code = int(procfs.stat_field(text, 52))
-            except (ProcessGone, AccessDenied, OSError, ValueError):
-                code = -1
-            rows.append({"t": ctx.session.now(), "pid": pid, "exit_code": code})
-            ctx.warn(f"pid {pid} exited before the eBPF probe was live (compiling and attaching took "
-                     f"{self.attach_s:.1f}s): none of its mappings were traced; the watcher's rows are all there is")
-        if rows:
-            ctx.session.append("bpf_missed", rows)
 
     @contextmanager
     def _ahead_of_poll(self) -> Iterator[None]:
