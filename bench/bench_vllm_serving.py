@@ -17,6 +17,8 @@ programs' fdinfo with kernel.bpf_stats_enabled on for the run).
 
 ``--variant NAME=FLAGS`` (repeatable) hunts with extra flags as its own condition, in the same rotation
 (e.g. ``--variant nogdb=--no-gdb --variant nopyheap=--no-pyheap``): which part of the hunt costs what.
+``--watch`` adds the condition ``watched``: `leaktrace watch --vllm` with its defaults, the phase starting once it
+follows the servers (goal: latency ≤ 1.01×).
 
 Not the pair of tests/targets/vllm_servers.py (vLLM's default OpenMP thread binding, both servers on the
 same two cores): it completes ~2 requests a minute at ~50 s each on a 2-core machine, too few to measure.
@@ -89,6 +91,20 @@ def start_hunt(ns: vintage_pd.NetNs, out: Path, flags: list[str] | None = None) 
             print(f"  hunt attached in {time.monotonic() - t0:.1f} s", flush=True)
             return hunt
     raise RuntimeError(f"the hunt exited with {hunt.wait()} before attaching")
+
+
+def start_watch(ns: vintage_pd.NetNs, out: Path) -> subprocess.Popen:
+    """`leaktrace watch --vllm` with its defaults, returned once it follows a server."""
+    argv = [*ns.enter(), str(REPO / ".venv" / "bin" / "leaktrace"), "watch", "--vllm", "--out", str(out)]
+    watch = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(out.parent),
+                             start_new_session=True)
+    t0 = time.monotonic()
+    for line in watch.stderr:  # type: ignore[union-attr]
+        if "following pid" in line:
+            threading.Thread(target=watch.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+            print(f"  watch following in {time.monotonic() - t0:.1f} s", flush=True)
+            return watch
+    raise RuntimeError(f"the watch exited with {watch.wait()} before following a server")
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -175,12 +191,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                     help="a hunt with extra flags as its own condition (repeatable)")
+    ap.add_argument("--watch", action="store_true", help="also a condition under `leaktrace watch --vllm`")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    variants = {"hunted": []}
+    variants: dict[str, list[str] | None] = {"hunted": []}
     for v in args.variant:
         name, _, flags = v.partition("=")
         variants[name] = flags.split()
+    if args.watch:
+        variants["watched"] = None  # not a hunt: the watch daemon
     why = vintage_pd.available()
     if why:
         print(f"skipped: {why}")
@@ -208,7 +227,10 @@ def main() -> None:
             for r in range(args.rounds):
                 row = {}
                 for cond in conds:
-                    hunt = start_hunt(ns, Path(tmp) / f"{cond}{r}", variants[cond]) if cond != "baseline" else None
+                    out = Path(tmp) / f"{cond}{r}"
+                    flags = variants.get(cond, [])
+                    hunt = (None if cond == "baseline" else start_watch(ns, out) if flags is None
+                            else start_hunt(ns, out, flags))
                     cpu0 = tree_cpu_s(hunt.pid) if hunt else 0.0
                     bpf0 = bpf_run_ns(hunt.pid) if hunt else (0, 0)
                     try:
@@ -225,8 +247,8 @@ def main() -> None:
                     extra = (f" (hunt CPU {used / args.phase_s:.3f} s/s, eBPF in the kernel "
                              f"{(bpf1[0] - bpf0[0]) / 1e9 / args.phase_s:.4f} s/s over {bpf1[1] - bpf0[1]} runs; "
                              f"stopped and reported in {stop_s:.1f} s)" if hunt else "")
-                    if hunt:
-                        extra += "\n    " + tick_costs(Path(tmp) / f"{cond}{r}")
+                    if hunt and flags is not None:
+                        extra += "\n    " + tick_costs(out)
                     print(f"round {r + 1} {cond:8s} {json.dumps(row[cond])}{extra}", flush=True)
                 rounds.append(row)
         finally:
@@ -250,7 +272,7 @@ def main() -> None:
     per_round = {c: [round(x[c]["mean_s"] / x["baseline"]["mean_s"], 3) for x in rounds
                      if x["baseline"].get("requests") and x[c].get("requests")] for c in variants}
     result = {**total, "ratios_over_baseline": ratios, "mean_latency_ratio_per_round": per_round,
-              "variants": {c: " ".join(f) for c, f in variants.items()}, "clients": args.clients,
+              "variants": {c: "watch --vllm" if f is None else " ".join(f) for c, f in variants.items()}, "clients": args.clients,
               "phase_s": args.phase_s}
     print(json.dumps(result, indent=2))
     if args.json:
