@@ -26,6 +26,7 @@ from leaktrace.probes.exporter import WatchExporter
 from leaktrace.probes.watcher import WatcherProbe
 from leaktrace.ticking import StopFlag, tick_until_stopped
 from leaktrace.watch import WatchOptions
+from leaktrace.watch.ebpf import WatchLedger
 from leaktrace.watch.incidents import (
     Incident,
     enforce_disk,
@@ -45,11 +46,6 @@ WATCH_SCHEMA = "leaktrace.watch/1"
 MAX_INCIDENTS_LISTED = 100  # watch.json and memory: the newest incidents (all stay on disk, up to the bound)
 MAX_EXITED_LISTED = 50
 DISK_CHECK_EVERY_S = 60.0
-# The watch's eBPF ring: 2048 pages, 8 MiB, ~70,000 records. Only growing processes are traced (see tick), each
-# drained every quarter second; the hunt's 32 MiB ring is sized for a whole loaded P/D pair going undrained for
-# tens of seconds. The kernel allocates it whole, and its pages count twice in the watch's RSS once written
-# (the ring is mapped twice, for records that wrap).
-WATCH_RING_PAGES = 2048
 # glibc's malloc raises its mmap threshold (to 32 MiB) after a large block is freed, and its trim threshold with
 # it: the transient buffers of a process's first reads (smaps of thousands of mappings, a library's symbol
 # tables) then stay in the heap, free, for the life of the daemon (~60 MB once a torch worker is traced). A
@@ -83,12 +79,7 @@ class Watch:
         self.targets = TargetSet(roots=[])
         self.ctx = HuntContext(session=self.ring, targets=self.targets, options=hopts,
                                log=log)
-        # What the eBPF ledger follows: the processes judged growing since they were first followed (and the
-        # children they fork), never the whole selection. A clean node's allocator churn (tens of thousands of
-        # map/unmap calls a second over twenty workers) is then filtered in the kernel, never handled here;
-        # a leak is growing ticks before it is judged a leak, and its ledger runs from then on.
-        self.traced = TargetSet(roots=[])
-        self.bpf_ctx = HuntContext(session=self.ring, targets=self.traced, options=hopts, log=log)
+        self.ledger = WatchLedger(self.ring, hopts, log)  # eBPF, over the processes judged growing
         self.watcher = WatcherProbe(hopts)
         self.tracked: dict[int, Tracked] = {}
         self.incidents: deque[Incident] = deque(maxlen=MAX_INCIDENTS_LISTED)
@@ -121,7 +112,7 @@ class Watch:
                 self.log(f"Prometheus metrics on http://{self.exporter.addr}:{self.exporter.port}/metrics")
             self.watcher.start(self.ctx)
             if self.options.bpf:
-                self._start_bpf()
+                self.bpf = self.ledger.start()
             t_end = None if self.options.duration is None else self.ring.now() + self.options.duration
             reason = tick_until_stopped(self.ring.now, self.options.interval, flag, lambda _now, _late: self.tick(),
                                         t_end=t_end)
@@ -161,7 +152,9 @@ class Watch:
         for pid in sorted(live):
             self._guarded(f"judging pid {pid}", self._judge, pid, root_of.get(pid, pid), now)
         if self.bpf is not None:
-            self._guarded("eBPF targets", self._trace_growing, live)
+            with self.targets.lock:
+                parent = dict(self.targets.pids)
+            self._guarded("eBPF targets", self.ledger.follow, self.tracked, parent, live)
         for inc in list(self.running):
             if poll_deep_hunt(inc):
                 self._finished(inc)
@@ -172,38 +165,6 @@ class Watch:
         self._write_json(None)
 
     _dirty = False
-
-    def _start_bpf(self) -> None:
-        """The in-kernel ledger (the eBPF probe of `hunt`): outstanding bytes by library and call site of
-        every process judged growing (_trace_growing), live on /metrics and kept in exit incidents. Unavailable, the watch goes on
-        with /proc alone and says so."""
-        from leaktrace.errors import LeaktraceError
-        from leaktrace.probes.bpf.probe import BpfProbe
-        from leaktrace.tracefs import ensure_mounted
-
-        try:
-            ensure_mounted()
-            probe = BpfProbe(self.ctx.options, defines={"LT_RING_PAGES": WATCH_RING_PAGES})
-            probe.start(self.bpf_ctx)
-        except (LeaktraceError, OSError) as e:
-            self.log(f"warning: eBPF ledger off (the watch goes on with /proc): {e}")
-            return
-        self.bpf = probe
-
-    def _trace_growing(self, live: set[int]) -> None:
-        """Growing processes join the eBPF ledger's targets (seeded with what they map already); a traced
-        process stays traced while it lives."""
-        with self.targets.lock:
-            parent = dict(self.targets.pids)
-        new = [pid for pid, tr in self.tracked.items() if tr.grew and pid in live and pid not in self.traced.pids]
-        with self.traced.lock:
-            for pid in [p for p in self.traced.pids if p not in live]:
-                del self.traced.pids[pid]
-            for pid in new:
-                self.traced.pids[pid] = parent.get(pid, 0)
-        for pid in sorted(new):
-            self.log(f"pid {pid} grows: its mappings traced by the eBPF ledger from now on")
-            self.bpf.add_pid(pid)
 
     def _guarded(self, what: str, fn: Callable[..., None], *args: Any) -> None:
         try:
