@@ -63,6 +63,7 @@ class Tracked:
     leaking_since: float | None = None
     confirmed: bool = False
     grew: bool = False  # judged growing at least once: an exit leaves an incident
+    last_grew: float = 0.0  # when it was last judged growing
 
 
 class Watch:
@@ -154,7 +155,8 @@ class Watch:
         if self.bpf is not None:
             with self.targets.lock:
                 parent = dict(self.targets.pids)
-            self._guarded("eBPF targets", self.ledger.follow, self.tracked, parent, live)
+            self._guarded("eBPF targets", self.ledger.follow, self.tracked, parent, live,
+                          {i.root for i in self.running}, now, self.window_s)
         for inc in list(self.running):
             if poll_deep_hunt(inc):
                 self._finished(inc)
@@ -198,6 +200,8 @@ class Watch:
             tr = self.tracked[pid] = Tracked(pid, root, now, j)
         tr.j = j
         tr.grew = tr.grew or j.growing
+        if j.growing:
+            tr.last_grew = now
         if not j.leaking:
             tr.leaking_since = None
             return
@@ -296,6 +300,8 @@ class Watch:
         resident: dict[tuple[str, str, str], float] = {}  # of those, present in RAM (pagemap; when read)
         live_ledger = set()
         for pid in self.tracked:
+            if not self.ledger.holds(pid):
+                continue  # rows of a process let go are history, not what it holds now
             for r in self.ring.latest("ledger_snapshots", pid):
                 key = (str(pid), str(r["library"]), str(r["kind"]))
                 outstanding[key] = float(r["outstanding_bytes"])

@@ -115,6 +115,14 @@ class KernelSide:
         else:
             self.prog[b"targets"][ct.c_uint32(pid)] = Target()
 
+    def untarget(self, pid: int) -> None:
+        """``pid`` is no longer traced once its calls already past their entry have finished (host pids)."""
+        try:
+            del self.prog[b"targets"][ct.c_uint32(pid)]
+        except KeyError:
+            return
+        time.sleep(0.02)  # as untarget_all: calls past their entry finish, their exit records them
+
     def untarget_all(self) -> None:
         """No process is traced any more once the calls already past their entry have finished."""
         if self.pidns_ino:  # first: a namespace task re-adds its host pid from it (bpf/leaktrace.bpf.c)

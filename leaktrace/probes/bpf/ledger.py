@@ -234,6 +234,13 @@ class OutstandingLedger:
         self.shm_segments.pop(pid, None)
         self.exited[pid] = seq
 
+    def release(self, pid: int) -> None:
+        """The process is no longer traced (it lives on): the books forget it, with no exit recorded."""
+        sp = self.spaces.pop(pid, None)
+        if sp is not None:
+            sp.clear()
+        self.shm_segments.pop(pid, None)
+
     # -- queries
     def intervals(self, pid: int) -> list[Interval]:
         sp = self.spaces.get(pid)

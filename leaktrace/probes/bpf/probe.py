@@ -158,6 +158,25 @@ class BpfProbe(ProbeBase):
         with self._ahead_of_poll():
             self._add_target(pid)
 
+    def remove_pid(self, pid: int) -> bool:
+        """Stop tracing ``pid``, which lives on (the watch's: a process no longer growing), and forget all the
+        books held of it. False in a PID namespace (the kernel keys targets by host pids): it stays traced."""
+        if self.kernel.pidns_ino:
+            return False
+        with self._ahead_of_poll():
+            if pid in self._known and self.kernel.prog is not None:
+                self.kernel.untarget(pid)
+                while self._drain():
+                    pass
+                self.kernel.drop(self.kernel.scan(), pid, (1 << 64) - 1, set())
+                self._known.discard(pid)
+                self.ledger.release(pid)
+                for forget in (self.seeds.forget, self.shm_sizer.forget, self.hooks.process_gone, self.origins.forget,
+                               self.faults.forget, self.kernel.forget_runtime, self.symbols.forget,
+                               self.libraries.forget):
+                    forget(pid)
+        return True
+
     def _add_target(self, pid: int) -> None:
         if pid in self._known:
             return
