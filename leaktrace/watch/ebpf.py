@@ -1,8 +1,8 @@
 """The watch's eBPF ledger: the probe of `hunt` (outstanding bytes by library and call site, live on /metrics and
 kept in exit incidents), over the processes the watch judges growing only (and the children they fork), never
-the whole selection, and only while they grow. A clean node's allocator churn (tens of thousands of map/unmap calls a second over twenty
-workers) is then filtered in the kernel, never handled here; a leak is growing ticks before it is judged a
-leak, and its ledger runs from then on."""
+the whole selection, and only while they grow. A clean node's allocator churn (tens of thousands of map/unmap
+calls a second over twenty workers) is then filtered in the kernel, never handled here; a leak is growing ticks
+before it is judged a leak, and its ledger runs from then on."""
 
 from __future__ import annotations
 
