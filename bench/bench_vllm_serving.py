@@ -78,33 +78,29 @@ def drive(ns: vintage_pd.NetNs, url: str, seconds: float, clients: int, max_toke
     return done
 
 
-def start_hunt(ns: vintage_pd.NetNs, out: Path, flags: list[str] | None = None) -> subprocess.Popen:
-    # In the pair's namespace: the hunt scrapes the servers' /metrics on 127.0.0.1 there.
-    argv = [*ns.enter(), str(REPO / ".venv" / "bin" / "leaktrace"), "hunt", "--vllm", "--duration", "3600",
-            "--out", str(out), *(flags or [])]
-    hunt = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(out.parent),
+def _started(ns: vintage_pd.NetNs, out: Path, args: list[str], ready: str, what: str) -> subprocess.Popen:
+    """`leaktrace ARGS` in the pair's namespace, returned once its stderr says ``ready`` (the rest of its stderr
+    read in the background)."""
+    argv = [*ns.enter(), str(REPO / ".venv" / "bin" / "leaktrace"), *args, "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(out.parent),
                             start_new_session=True)
     t0 = time.monotonic()
-    for line in hunt.stderr:  # type: ignore[union-attr]
-        if "attached" in line:
-            threading.Thread(target=hunt.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-            print(f"  hunt attached in {time.monotonic() - t0:.1f} s", flush=True)
-            return hunt
-    raise RuntimeError(f"the hunt exited with {hunt.wait()} before attaching")
+    for line in proc.stderr:  # type: ignore[union-attr]
+        if ready in line:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+            print(f"  {what} in {time.monotonic() - t0:.1f} s", flush=True)
+            return proc
+    raise RuntimeError(f"`leaktrace {args[0]}` exited with {proc.wait()} before it was {what}")
+
+
+def start_hunt(ns: vintage_pd.NetNs, out: Path, flags: list[str] | None = None) -> subprocess.Popen:
+    # In the pair's namespace: the hunt scrapes the servers' /metrics on 127.0.0.1 there.
+    return _started(ns, out, ["hunt", "--vllm", "--duration", "3600", *(flags or [])], "attached", "hunt attached")
 
 
 def start_watch(ns: vintage_pd.NetNs, out: Path) -> subprocess.Popen:
     """`leaktrace watch --vllm` with its defaults, returned once it follows a server."""
-    argv = [*ns.enter(), str(REPO / ".venv" / "bin" / "leaktrace"), "watch", "--vllm", "--out", str(out)]
-    watch = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=str(out.parent),
-                             start_new_session=True)
-    t0 = time.monotonic()
-    for line in watch.stderr:  # type: ignore[union-attr]
-        if "following pid" in line:
-            threading.Thread(target=watch.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-            print(f"  watch following in {time.monotonic() - t0:.1f} s", flush=True)
-            return watch
-    raise RuntimeError(f"the watch exited with {watch.wait()} before following a server")
+    return _started(ns, out, ["watch", "--vllm"], "following pid", "watch following")
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -272,8 +268,8 @@ def main() -> None:
     per_round = {c: [round(x[c]["mean_s"] / x["baseline"]["mean_s"], 3) for x in rounds
                      if x["baseline"].get("requests") and x[c].get("requests")] for c in variants}
     result = {**total, "ratios_over_baseline": ratios, "mean_latency_ratio_per_round": per_round,
-              "variants": {c: "watch --vllm" if f is None else " ".join(f) for c, f in variants.items()}, "clients": args.clients,
-              "phase_s": args.phase_s}
+              "variants": {c: "watch --vllm" if f is None else " ".join(f) for c, f in variants.items()},
+              "clients": args.clients, "phase_s": args.phase_s}
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
