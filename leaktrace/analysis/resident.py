@@ -16,8 +16,9 @@ Where the resident bytes of a ledger culprit come from, best first (the evidence
 
 A mapping culprit's ``mb_per_min`` (kind native-mmap) is its mapped rate times the share of its growth that
 is resident: the Theil-Sen slope of its group's resident bytes over that of its mapped bytes, on the ticks
-that read pagemap for every row of the group, less those that raced a move of its memory. A library that maps memory and never writes it grows the
-address space, not RAM: it stays a culprit (``mapped_mb_per_min``), rated by what it costs.
+that read pagemap for every row of the group, less those that raced a move of its memory. A library that maps
+memory and never writes it grows the address space, not RAM: it stays a culprit (``mapped_mb_per_min``), rated
+by what it costs.
 """
 
 from __future__ import annotations

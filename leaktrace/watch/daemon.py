@@ -1,9 +1,9 @@
 """The watch's loop: every tick the selection is rescanned, the watcher probe reads each process's
 smaps_rollup into the rolling history (a full smaps every smaps_every ticks), each process is judged (one judged
-growing joins the eBPF ledger's targets), a leak
-held for --confirm-s starts a deep hunt, a growing process that ended leaves an exit incident, watch.json is
-rewritten (atomically) and the Prometheus snapshot replaced. It stops at --duration or on SIGTERM/Ctrl-C,
-stopping its deep hunts cleanly (their sessions and reports are written)."""
+growing joins the eBPF ledger's targets: watch/ebpf.py), a leak held for --confirm-s starts a deep hunt, a
+growing process that ended leaves an exit incident, watch.json is rewritten (atomically) and the Prometheus
+snapshot replaced. It stops at --duration or on SIGTERM/Ctrl-C, stopping its deep hunts cleanly (their sessions
+and reports are written)."""
 
 from __future__ import annotations
 
