@@ -7,7 +7,8 @@ kernel-owned regions into the ledger when a slow event touches them ("absorbing"
 so a region born after an unmap is never blamed on it), and once per tick writes per-library totals.
 
 The probe composes objects it owns, each given what it uses at construction: the ledger and the
-symbolizer; :class:`~.origins.GrowthOrigins` (heap growth's callers, from stack windows);
+symbolizer; :class:`~.origins.GrowthOrigins` (heap growth's callers, from stack windows), named when the books
+are read for the C runtime's anonymous mmaps (:class:`~.deferred.DeferredOrigins`: most are unmapped first);
 :class:`~.kernel.KernelSide` (the loaded program, its ring and maps, the kernel-owned regions);
 :class:`~.hookpaths.HookPaths` (memory hooks' paths, learned and written to the kernel's maps);
 :class:`~.seeds.AddressSpaceSeeds` (each process's maps read as the ledger's seed, and re-read for names);
@@ -27,6 +28,7 @@ from typing import Any
 
 from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
 from leaktrace.probes.bpf import loader
+from leaktrace.probes.bpf.deferred import DeferredOrigins
 from leaktrace.probes.bpf.faults import DEFAULT_SAMPLE, FaultSites
 from leaktrace.probes.bpf.hookpaths import HookPaths
 from leaktrace.probes.bpf.kernel import KernelSide
@@ -88,6 +90,7 @@ class BpfProbe(ProbeBase):
         self.scanner = StackScanner(self.symbols)
         self.origins = GrowthOrigins(self.scanner)
         self.kernel = KernelSide(self.ledger, self.origins)
+        self.deferred = DeferredOrigins(self.ledger, self.origins)
         self.hooks = HookPaths(self.kernel, self.symbols, self.scanner)
         self.faults = FaultSites(self.kernel, self.ledger, self.symbols, self.scanner,
                                  self.defines.get("LT_FAULT_SAMPLE", DEFAULT_SAMPLE))
@@ -171,7 +174,7 @@ class BpfProbe(ProbeBase):
                 self.kernel.drop(self.kernel.scan(), pid, (1 << 64) - 1, set())
                 self._known.discard(pid)
                 self.ledger.release(pid)
-                for forget in (self.seeds.forget, self.shm_sizer.forget, self.hooks.process_gone, self.origins.forget,
+                for forget in (self.deferred.forget, self.seeds.forget, self.shm_sizer.forget, self.hooks.process_gone, self.origins.forget,
                                self.faults.forget, self.kernel.forget_runtime, self.symbols.forget,
                                self.libraries.forget):
                     forget(pid)
@@ -222,6 +225,7 @@ class BpfProbe(ProbeBase):
                     # mremap moves on most grows, and the kernel settles an exact move without an event).
                     for _ in range(STOP_READ_TRIES):
                         self._drain()
+                        self.deferred.settle_all()
                         before = self._mapping_calls()
                         self.writer.read_before_stop(self._consumed_ns)
                         if self._mapping_calls() == before:
@@ -247,6 +251,7 @@ class BpfProbe(ProbeBase):
         self.kernel.read_counters(self._counters)
         # the stop's: every target untargeted and every event drained, the kernel's regions all in the books
         born_by = None if self.writer.final else self._consumed_ns
+        self.deferred.settle_all()
         self.writer.snapshot(self._counters, len(self._queue), born_by)
         self.faults.tick(self.writer.ctx)
 
@@ -320,16 +325,19 @@ class BpfProbe(ProbeBase):
             return  # already in the process's seed (see AddressSpaceSeeds.seed)
         if e.type == EV_MMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.deferred.unmapping(pid, e.addr, e.addr + page_up(e.len))
             o = origin_of(e)
-            self.ledger.mmap(pid, e.addr, e.len, self.origins.growth_origin(e, None) if o.kind == "anon" else o)
+            self.ledger.mmap(pid, e.addr, e.len, self.deferred.mmap_origin(e) if o.kind == "anon" else o)
             if e.fd != (1 << 64) - 1 and e.prot & 4:
                 self.seeds.library_loaded(pid)
         elif e.type == EV_MUNMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
+            self.deferred.unmapping(pid, e.addr, e.addr + page_up(e.len))
             self.ledger.munmap(pid, e.addr, e.len)
         elif e.type == EV_MREMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.kernel.absorb(kmap, pid, e.new_addr, e.new_addr + e.new_len, e.seq, taken)
+            self.deferred.settle(pid, e.addr, e.addr + page_up(e.len))  # its pieces move: named where they are
             self.ledger.mremap(pid, e.addr, e.len, e.new_addr, e.new_len,
                                dontunmap=bool(e.flags & MREMAP_DONTUNMAP), origin=self.origins.growth_origin(e, "anon"))
         elif e.type == EV_BRK:
@@ -345,6 +353,7 @@ class BpfProbe(ProbeBase):
             # stack) or by anything else: anonymous memory of the caller
             kind = None if self.scanner.in_runtime(pid, e.ip) else "anon"
             # no stack window (rate-limited in the kernel): the growth continues the memory just below it
+            self.deferred.settle(pid, e.addr - 1, e.addr)  # what it may continue
             cont = None if isinstance(e, WindowEvent) else self.ledger.origin_before(pid, e.addr)
             self.ledger.mprotect(pid, e.addr, e.len, e.prot, cont or self.origins.growth_origin(e, kind))
         elif e.type == EV_FORK:
@@ -359,6 +368,7 @@ class BpfProbe(ProbeBase):
                         self.ctx.targets.pids.setdefault(child, pid)
         elif e.type == EV_EXEC:
             self.kernel.drop(kmap, pid, e.seq, taken)
+            self.deferred.forget(pid)
             self.ledger.exec(pid)
             self.shm_sizer.forget(pid)
             self.symbols.forget(pid)
@@ -370,6 +380,7 @@ class BpfProbe(ProbeBase):
         elif e.type == EV_EXIT:
             code = None if e.flags & EXIT_NO_CODE else int(e.result)
             oom = bool(e.flags & EXIT_OOM) or self.kernel.oom_marked(pid, code)
+            self.deferred.settle_pid(pid)  # what it held is its last snapshot
             if self.writer is not None:
                 self.writer.record_exit(pid, e.seq, kmap, code, oom)
             self.kernel.drop(kmap, pid, e.seq, taken)
