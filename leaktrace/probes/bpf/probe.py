@@ -56,7 +56,7 @@ from leaktrace.probes.bpf.layout import (
 )
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
 from leaktrace.probes.bpf.missed import missed_at_attach
-from leaktrace.probes.bpf.origins import GrowthOrigins, origin_of
+from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
 from leaktrace.probes.bpf.procread import _is_process
 from leaktrace.probes.bpf.seeds import AddressSpaceSeeds
 from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
@@ -70,6 +70,10 @@ STOP_READ_TRIES = 3
 # Seconds between drains when the last batch was not full: each drain with events reads the kernel's region
 # table once, whatever the batch's size; the ring holds ~280,000 records (LT_RING_PAGES).
 POLL_INTERVAL_S = 0.25
+# A ring record, as bytes to copy an event from.
+_WINDOW_SIZE = ct.sizeof(WindowEvent)
+_WINDOW_BYTES = ct.c_char * _WINDOW_SIZE
+_EVENT_BYTES = ct.c_char * ct.sizeof(Event)
 # At stop the kernel stops tracing first, then every record the ring holds is applied: the ledger is then
 # exactly the targets' address spaces at that instant, both halves read after the same last call.
 
@@ -277,8 +281,10 @@ class BpfProbe(ProbeBase):
 
     # ------------------------------------------------------------------ events
     def _on_event(self, _ctx: Any, data: Any, size: int) -> int:
-        kind = WindowEvent if size >= ct.sizeof(WindowEvent) else Event
-        self._queue.append(kind.from_buffer_copy(ct.string_at(data, ct.sizeof(kind))))
+        if size >= _WINDOW_SIZE:  # one copy, out of the ring's memory (thousands a second under churn)
+            self._queue.append(WindowEvent.from_buffer_copy(_WINDOW_BYTES.from_address(data)))
+        else:
+            self._queue.append(Event.from_buffer_copy(_EVENT_BYTES.from_address(data)))
         # A negative answer ends libbpf's ring_buffer__consume() after this record (already consumed):
         # without it, one consume lasts as long as the target keeps the ring fed — tens of seconds under
         # a steady munmap stream, with the tick blocked behind it.
@@ -326,8 +332,8 @@ class BpfProbe(ProbeBase):
         if e.type == EV_MMAP:
             self.kernel.absorb(kmap, pid, e.addr, e.addr + e.len, e.seq, taken)
             self.deferred.unmapping(pid, e.addr, e.addr + page_up(e.len))
-            o = origin_of(e)
-            self.ledger.mmap(pid, e.addr, e.len, self.deferred.mmap_origin(e) if o.kind == "anon" else o)
+            kind = mmap_kind(e.fd, e.prot)
+            self.ledger.mmap(pid, e.addr, e.len, self.deferred.mmap_origin(e) if kind == "anon" else origin_of(e, kind))
             if e.fd != (1 << 64) - 1 and e.prot & 4:
                 self.seeds.library_loaded(pid)
         elif e.type == EV_MUNMAP:
