@@ -195,7 +195,7 @@ class Traced:
     def held(self) -> dict[int, list[tuple[int, int, str, str]]]:
         """Every event applied, then what the ledger holds per pid (both halves)."""
         p = self.probe
-        with p._ahead_of_poll():
+        with p.lock.ahead():
             while p._drain():
                 pass
             out: dict[int, list[tuple[int, int, str, str]]] = {}

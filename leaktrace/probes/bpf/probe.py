@@ -22,8 +22,6 @@ from __future__ import annotations
 import ctypes as ct
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
@@ -57,6 +55,7 @@ from leaktrace.probes.bpf.layout import (
 from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
 from leaktrace.probes.bpf.missed import missed_at_attach
 from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
+from leaktrace.probes.bpf.polllock import PollLock
 from leaktrace.probes.bpf.procread import _is_process
 from leaktrace.probes.bpf.seeds import AddressSpaceSeeds
 from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
@@ -101,12 +100,7 @@ class BpfProbe(ProbeBase):
         self.seeds = AddressSpaceSeeds(self.ledger, self.symbols, self.kernel, self.hooks)
         self.libraries = LibraryNames(self.ledger, self.symbols, self.seeds.refresh_maps)
         self.writer: SnapshotRows | None = None  # made at start: it writes into the hunt's session
-        self.lock = threading.RLock()
-        # Threads other than the poll thread waiting for the lock (the tick, add_pid): Python's locks are
-        # not fair, and a poll thread that drains full batches back to back re-takes the lock the moment it
-        # lets go, so a waiting tick could wait out the whole stream (tens of seconds in a loaded P/D decode).
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
+        self.lock = PollLock()  # the tick and add_pid take it ahead of the poll thread
         self.header_kind = ""
         self.ctx: HuntContext | None = None
         self._queue: list[Event] = []
@@ -146,23 +140,8 @@ class BpfProbe(ProbeBase):
         self._thread = threading.Thread(target=self._poll_loop, name="bpf-poll", daemon=True)
         self._thread.start()
 
-    @contextmanager
-    def _ahead_of_poll(self) -> Iterator[None]:
-        """The lock, taken ahead of the poll thread (which yields between batches while anyone waits)."""
-        with self._waiting_lock:
-            self._waiting += 1
-        try:
-            self.lock.acquire()
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
-        try:
-            yield
-        finally:
-            self.lock.release()
-
     def add_pid(self, pid: int) -> None:
-        with self._ahead_of_poll():
+        with self.lock.ahead():
             self._add_target(pid)
 
     def remove_pid(self, pid: int) -> bool:
@@ -170,7 +149,7 @@ class BpfProbe(ProbeBase):
         books held of it. False in a PID namespace (the kernel keys targets by host pids): it stays traced."""
         if self.kernel.pidns_ino:
             return False
-        with self._ahead_of_poll():
+        with self.lock.ahead():
             if pid in self._known and self.kernel.prog is not None:
                 self.kernel.untarget(pid)
                 while self._drain():
@@ -197,7 +176,7 @@ class BpfProbe(ProbeBase):
         # A full batch means more is waiting: drain again at once, but take the lock per batch so the
         # hunt's tick (watcher, snapshots) never waits behind a stream of events.
         while not self._stop.wait(0 if full else self.poll_interval):
-            while self._waiting and not self._stop.is_set():
+            while self.lock.waited and not self._stop.is_set():
                 time.sleep(0.001)  # a tick (or add_pid) waits for the lock: let it have it first
             try:
                 with self.lock:
@@ -209,7 +188,7 @@ class BpfProbe(ProbeBase):
                 return
 
     def tick(self, now: float) -> None:
-        with self._ahead_of_poll():
+        with self.lock.ahead():
             if self.ctx is not None:
                 for pid in self.ctx.targets.live():
                     self._add_target(pid)
