@@ -157,8 +157,8 @@ class BpfProbe(ProbeBase):
                 self.kernel.drop(self.kernel.scan(), pid, (1 << 64) - 1, set())
                 self._known.discard(pid)
                 self.ledger.release(pid)
-                for forget in (self.deferred.forget, self.seeds.forget, self.shm_sizer.forget, self.hooks.process_gone, self.origins.forget,
-                               self.faults.forget, self.kernel.forget_runtime, self.symbols.forget,
+                for forget in (self.deferred.forget, self.seeds.forget, self.shm_sizer.forget, self.hooks.process_gone,
+                               self.origins.forget, self.faults.forget, self.kernel.forget_runtime, self.symbols.forget,
                                self.libraries.forget):
                     forget(pid)
         return True
