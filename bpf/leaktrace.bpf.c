@@ -15,9 +15,11 @@
  * read/write) are sent with a window of the raw user stack (emit_window): user space scans it for return
  * addresses, the first outside libc/ld.so naming the caller of malloc (leaktrace/probes/bpf/stackscan.py).
  * Anonymous mmaps called from libc (its code range per process in `runtime`: malloc's chunks above the mmap
- * threshold, new arena heaps, thread stacks) take the slow path with a window too, and so do mremaps made
- * through libc that the kernel cannot settle (glibc's variadic mremap wrapper hides its caller).
- * These come once per growth of the heap (~128 KiB), not once per malloc.
+ * threshold, new arena heaps, thread stacks) carry a window too: kept in the kernel beside their region
+ * (`windows`) while there is room, else sent with a slow event, as are PROT_NONE reservations (a new arena heap,
+ * grown by mprotect) and mremaps made through libc that the kernel cannot settle (glibc's variadic mremap
+ * wrapper hides its caller). Brk and mprotect growth come once per growth of the heap (~128 KiB), not once per
+ * malloc.
  * Memory hooks (UCX's libucm, `hooks`, struct lt_hook): an anonymous mmap called from the hook's code is blamed
  * on the code that called the hooked function, read at the stack offset user space learned for that path through
  * the hook (`hook_sites`, `hook_paths`); the region stays on the fast path (a process whose every mmap is hooked
@@ -101,6 +103,11 @@
 #ifndef LT_WAKE_EVERY
 #define LT_WAKE_EVERY 2048
 #endif
+/* Stack windows of malloc's own chunks kept in the kernel (`windows`): each ~4 KiB, allocated as used (a
+ * full map sends the next chunks the slow way, as before). */
+#ifndef LT_MAX_WINDOWS
+#define LT_MAX_WINDOWS 8192
+#endif
 /* struct pt_regs offsets of ip and sp (x86_64). */
 #ifndef LT_REGS_IP_OFF
 #define LT_REGS_IP_OFF 128
@@ -134,6 +141,13 @@ BPF_HASH(targets, u32, struct lt_target, 65536);
 BPF_HASH(ns_targets, u32, u8, 65536);  /* namespace tgids user space asked for */
 #endif
 BPF_HASH(regions, struct lt_region_key, struct lt_region, LT_MAX_REGIONS);
+/* malloc's own chunks (an anonymous mmap called from libc, neither a reservation nor through a hook) stay on the
+ * fast path: their stack window, which names malloc's caller, waits here under {tgid, born} and goes with its
+ * region (an exact munmap deletes both; user space reads it for a region still held when the books are read, or
+ * takes it with a region it absorbs). Under allocator churn nearly every chunk is unmapped within milliseconds:
+ * the pair then sends nothing. */
+BPF_F_TABLE("hash", struct lt_window_key, struct lt_window_event, windows, LT_MAX_WINDOWS, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(window_scratch, struct lt_window_event, 1);  /* a window being filled (too big for the stack) */
 /* The traced call an exit program is handling, per CPU: the program runs to its end on one CPU, and the record
  * does not fit the BPF stack beside the event built from it. */
 BPF_PERCPU_ARRAY(calls, struct lt_call, 1);
@@ -238,14 +252,9 @@ static __always_inline void emit(struct lt_event *ev)
 
 /* A heap's growth: the event with a window of the raw user stack (struct lt_window_event), reserved in
  * the ring buffer itself (the window does not fit the BPF stack). Same wake-up batching as emit(). */
-static __always_inline void emit_window(struct lt_event *ev)
+/* The raw user stack from the stack pointer at the syscall into w's window. */
+static __always_inline void fill_window(struct lt_window_event *w)
 {
-    struct lt_window_event *w = events.ringbuf_reserve(sizeof(struct lt_window_event));
-    if (!w) {
-        count(LT_CNT_LOST);
-        return;
-    }
-    __builtin_memcpy(&w->ev, ev, sizeof(*ev));
     struct task_struct *task = bpf_get_current_task_btf();
     char *regs = (char *)bpf_task_pt_regs(task);
     u64 sp = 0;
@@ -258,6 +267,17 @@ static __always_inline void emit_window(struct lt_event *ev)
         w->len = LT_SCAN_MEDIUM;
     else if (sp && bpf_probe_read_user(w->data, LT_SCAN_SMALL, (void *)sp) == 0)
         w->len = LT_SCAN_SMALL;
+}
+
+static __always_inline void emit_window(struct lt_event *ev)
+{
+    struct lt_window_event *w = events.ringbuf_reserve(sizeof(struct lt_window_event));
+    if (!w) {
+        count(LT_CNT_LOST);
+        return;
+    }
+    __builtin_memcpy(&w->ev, ev, sizeof(*ev));
+    fill_window(w);
     u32 idx = LT_CNT_SLOW;
     u64 *sent = counters.lookup(&idx);
     u64 flags = BPF_RB_NO_WAKEUP;
@@ -266,6 +286,21 @@ static __always_inline void emit_window(struct lt_event *ev)
     events.ringbuf_submit(w, flags);
     if (sent)
         *sent += 1;
+}
+
+/* Keep w (its event: an mmap kept in `regions`) with its window in `windows` under {tgid, its seq}: 0 when there is
+ * no room. */
+static __always_inline int keep_window(struct lt_window_event *w)
+{
+    fill_window(w);
+    struct lt_window_key wk = {.tgid = w->ev.tgid, .pad = 0, .born = w->ev.seq};
+    return windows.insert(&wk, w) == 0;
+}
+
+static __always_inline void drop_window(u32 tgid, u64 born)
+{
+    struct lt_window_key wk = {.tgid = tgid, .pad = 0, .born = born};
+    windows.delete(&wk);
 }
 
 /* Is a return address inside the process's libc code or its allocator's (the `runtime` and `allocator_code`
@@ -494,7 +529,31 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
         else
             last_hook_window.update(&host_tid, &now);
     }
-    if (!(p->flags & LT_MAP_FIXED) && !from_libc) {
+    /* The event is built in the window's scratch (the BPF stack has no room for both). */
+    u32 zero = 0;
+    struct lt_window_event *w = window_scratch.lookup(&zero);
+    if (!w)
+        return 0;
+    struct lt_event *ev = &w->ev;
+    __builtin_memset(ev, 0, sizeof(*ev));
+    ev->seq = now;
+    ev->type = LT_EV_MMAP;
+    ev->tgid = tgid;
+    ev->tid = tid;
+    ev->addr = (u64)ret;
+    ev->len = len;
+    ev->flags = p->flags;
+    ev->prot = p->prot;
+    ev->fd = anon ? (u64)-1 : p->fd;
+    ev->site = site;
+    ev->ip = p->ip;
+    ev->stack_id = stack_id;
+    ev->aux_pid = hook_off;
+    ev->result = ret;
+    /* malloc's own chunk (not a PROT_NONE reservation, not through a hook): kept here with its window while
+     * `windows` has room (see there); the slow way otherwise. */
+    int windowed = from_libc && !hook_off && p->prot != 0 && !(p->flags & LT_MAP_FIXED) && keep_window(w);
+    if (!(p->flags & LT_MAP_FIXED) && (!from_libc || windowed)) {
         /* A plain mmap always returns a range that was free: the kernel can own it outright. */
         struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = (u64)ret};
         struct lt_region r = {};
@@ -508,6 +567,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
         r.prot = (u32)p->prot;
         r.flags = (u32)p->flags;
         r.fd = anon ? (u32)-1 : (u32)p->fd;
+        r.window = windowed;
         /* Never over a region still keyed at this start: one cut by a slow event not applied yet (its head
          * unmapped, now reused). It stays for user space to absorb, and this mapping goes the slow way. */
         if (regions.insert(&key, &r) == 0) {
@@ -526,28 +586,15 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
         }
         if (!regions.lookup(&key))
             count(LT_CNT_MAP_FULL);
+        if (windowed)
+            drop_window(tgid, now);
     }
     if (p->flags & LT_MAP_FIXED)
         mark_dirty(now);
-    struct lt_event ev = {};
-    ev.seq = now;
-    ev.type = LT_EV_MMAP;
-    ev.tgid = tgid;
-    ev.tid = tid;
-    ev.addr = (u64)ret;
-    ev.len = len;
-    ev.flags = p->flags;
-    ev.prot = p->prot;
-    ev.fd = anon ? (u64)-1 : p->fd;
-    ev.site = site;
-    ev.ip = p->ip;
-    ev.stack_id = stack_id;
-    ev.aux_pid = hook_off;
-    ev.result = ret;
     if (from_libc)
-        emit_window(&ev);  /* malloc's own mmap: who called malloc is in the raw stack */
+        emit_window(ev);  /* malloc's own mmap: who called malloc is in the raw stack */
     else
-        emit(&ev);
+        emit(ev);
     return 0;
 }
 
@@ -565,6 +612,8 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     struct lt_region_key key = {.tgid = tgid, .pad = 0, .start = addr};
     struct lt_region *r = regions.lookup(&key);
     if (r && r->len == len && r->seq > ids.dirty) {
+        if (r->window)
+            drop_window(tgid, r->born);
         regions.delete(&key);
         count(LT_CNT_SETTLED);
         return 0;
@@ -620,7 +669,9 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
         if (!regions.lookup(&nkey))
             count(LT_CNT_MAP_FULL);
         /* No room, or a cut region still keyed there (see sys_exit_mmap): hand the moved region to user space as
-         * a fresh mapping. */
+         * a fresh mapping (named by its call site: its window, if kept, goes). */
+        if (moved.window)
+            drop_window(tgid, moved.born);
         struct lt_event lost = {};
         lost.seq = now;
         lost.type = LT_EV_MMAP;

@@ -85,6 +85,16 @@ struct lt_region {
     __u32 prot;
     __u32 flags;
     __u32 fd;        /* (u32)-1 for anonymous */
+    __u32 window;    /* 1: its mmap's stack window is kept in `windows` under {tgid, born} (malloc's own chunk) */
+    __u32 pad;
+};
+
+/* Key of a kept stack window (`windows`): the process and the birth seq of the region it belongs to, which an
+ * exact mremap keeps, so a moved region's window stays where it is. */
+struct lt_window_key {
+    __u32 tgid;
+    __u32 pad;
+    __u64 born;
 };
 
 /* A traced call at its exit: its arguments (read from the user registers saved at its entry), call site and

@@ -1,4 +1,5 @@
-"""Heap growth whose caller is named only if it outlives a tick.
+"""Heap growth whose caller is named only if it outlives a tick, for the C runtime's mmaps that come as slow events
+(the kernel keeps most with their windows: :mod:`.keptwindows`; these are the ones its window map had no room for).
 
 Every anonymous mmap made by the C runtime comes with a stack window, and naming malloc's caller from it
 (:meth:`~.origins.GrowthOrigins.growth_origin`) is most of the Python work per event. Under allocator churn

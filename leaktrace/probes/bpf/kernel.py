@@ -18,6 +18,7 @@ import numpy as np
 
 from leaktrace.errors import BpfUnavailable, LeaktraceError
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_origin
+from leaktrace.probes.bpf.keptwindows import KeptWindows
 from leaktrace.probes.bpf.layout import COUNTERS, Range, Region, RegionKey, Target
 from leaktrace.probes.bpf.ledger import OutstandingLedger
 from leaktrace.probes.bpf.mapread import BatchReader
@@ -66,11 +67,12 @@ class KernelSide:
     """The loaded program (``prog``: None before :meth:`attach` and after :meth:`close`), the maps user space
     reads and writes, and the kernel-owned regions: read from the ``regions`` map, interned per call site,
     and absorbed into ``ledger``. A hooked malloc chunk's region takes the caller ``origins`` found for its
-    thread."""
+    thread; one of malloc's own chunks, the caller its kept window names (``windows``)."""
 
     def __init__(self, ledger: OutstandingLedger, origins: GrowthOrigins) -> None:
         self.ledger = ledger
         self.origins = origins
+        self.windows = KeptWindows(origins)
         self.prog: Any = None  # the loaded BCC program (its maps: regions, counters, stacks ...)
         self._regions_reader: BatchReader | None = None  # the regions map's batch reads, buffers kept
         self.pidns_ino: int | None = None  # set when /proc's pids are not the kernel's (bpf/leaktrace.bpf.c)
@@ -88,6 +90,7 @@ class KernelSide:
         self.pidns_ino = pidns_ino
         self.prog = prog
         self._lib = lib
+        self.windows.attach(prog, lib)
         try:
             self.prog[b"events"].open_ring_buffer(on_record)
         except Exception as e:
@@ -100,6 +103,7 @@ class KernelSide:
         return self._lib
 
     def close(self) -> None:
+        self.windows.close()
         self.prog.cleanup()
         self.prog = None
         self._regions_reader = None
@@ -185,15 +189,15 @@ class KernelSide:
         def fill(items: Any, cols: list[array], oids: array) -> None:
             tg, st, en, sq, bn = cols
             for k, v in items:
-                o = self.origins.hook_caller_of(k.tgid, v)
+                o = self.windows.named(k.tgid, v) if v.window else self.origins.hook_caller_of(k.tgid, v)
                 if o is not None:
-                    key = (o.kind, o.site, o.ip, o.stack_id)  # a hooked malloc chunk sent without a window
+                    key = (o.kind, o.site, o.ip, o.stack_id)  # malloc's chunk: named by a window
                 else:
                     key = (mmap_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
                 oid = ids.get(key)
                 if oid is None:
                     oid = ids[key] = len(origins)
-                    origins.append(Origin(key[0], site=v.site, ip=v.ip, stack_id=v.stack_id))
+                    origins.append(Origin(key[0], site=key[1], ip=key[2], stack_id=key[3]))
                 tg.append(k.tgid)
                 st.append(k.start)
                 en.append(k.start + v.len)
@@ -210,6 +214,7 @@ class KernelSide:
             for c in (*cols, oids):
                 del c[:]
             fill(table.items(), cols, oids)
+        self.windows.end_scan()
         out: dict[int, KernelRegions] = {}
         if not oids:
             return out
@@ -250,8 +255,9 @@ class KernelSide:
         self.prog[b"regions"][RegionKey(tgid, 0, start)] = val
 
     def _kernel_region_origin(self, tgid: int, v: Region) -> Origin:
-        """A kernel region's origin (a hooked malloc chunk's: see :meth:`GrowthOrigins.hook_caller_of`)."""
-        o = self.origins.hook_caller_of(tgid, v)
+        """A kernel region's origin, the region leaving the kernel (malloc's chunk: its window's; a hooked one's:
+        see :meth:`GrowthOrigins.hook_caller_of`)."""
+        o = self.windows.take(tgid, v) if v.window else self.origins.hook_caller_of(tgid, v)
         if o is not None:
             return Origin(o.kind, t_born=v.seq, site=o.site, ip=o.ip, stack_id=o.stack_id, tid=v.tid)
         return origin_of(v)
@@ -290,6 +296,8 @@ class KernelSide:
                 taken.add((tgid, start))
                 if val is not None and val.seq >= seq:
                     self._put_back(tgid, start, val)
+                elif val is not None and val.window:
+                    self.windows.discard(tgid, val.born)
 
     def take_born_before(self, tgid: int, seq: int) -> list[tuple[int, Region, Origin]]:
         """Remove the kernel-owned regions of ``tgid`` born before ``seq`` (a fresh read of the map): each as

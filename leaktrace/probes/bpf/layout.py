@@ -50,7 +50,13 @@ class Region(ct.Structure):
     _fields_ = [("len", ct.c_uint64), ("seq", ct.c_uint64), ("born", ct.c_uint64), ("site", ct.c_uint64),
                 ("ip", ct.c_uint64),
                 ("stack_id", ct.c_int64), ("tid", ct.c_uint32), ("prot", ct.c_uint32),
-                ("flags", ct.c_uint32), ("fd", ct.c_uint32)]
+                ("flags", ct.c_uint32), ("fd", ct.c_uint32), ("window", ct.c_uint32), ("pad", ct.c_uint32)]
+
+
+class WindowKey(ct.Structure):
+    """struct lt_window_key: a kept stack window's (process, birth seq of its region) in `windows`."""
+
+    _fields_ = [("tgid", ct.c_uint32), ("pad", ct.c_uint32), ("born", ct.c_uint64)]
 
 
 class Event(ct.Structure):

@@ -9,7 +9,8 @@ so a region born after an unmap is never blamed on it), and once per tick writes
 The probe composes objects it owns, each given what it uses at construction: the ledger and the
 symbolizer; :class:`~.origins.GrowthOrigins` (heap growth's callers, from stack windows), named when the books
 are read for the C runtime's anonymous mmaps (:class:`~.deferred.DeferredOrigins`: most are unmapped first);
-:class:`~.kernel.KernelSide` (the loaded program, its ring and maps, the kernel-owned regions);
+:class:`~.kernel.KernelSide` (the loaded program, its ring and maps, the kernel-owned regions, malloc's chunks
+among them with their windows: :class:`~.keptwindows.KeptWindows`);
 :class:`~.hookpaths.HookPaths` (memory hooks' paths, learned and written to the kernel's maps);
 :class:`~.seeds.AddressSpaceSeeds` (each process's maps read as the ledger's seed, and re-read for names);
 :class:`~.snapshots.LibraryNames` and, from ``start``, :class:`~.snapshots.SnapshotRows` (the session
