@@ -250,8 +250,6 @@ static __always_inline void emit(struct lt_event *ev)
         *sent += 1;
 }
 
-/* A heap's growth: the event with a window of the raw user stack (struct lt_window_event), reserved in
- * the ring buffer itself (the window does not fit the BPF stack). Same wake-up batching as emit(). */
 /* The raw user stack from the stack pointer at the syscall into w's window. */
 static __always_inline void fill_window(struct lt_window_event *w)
 {
@@ -269,6 +267,8 @@ static __always_inline void fill_window(struct lt_window_event *w)
         w->len = LT_SCAN_SMALL;
 }
 
+/* A heap's growth: the event with a window of the raw user stack (struct lt_window_event), reserved in
+ * the ring buffer itself (the window does not fit the BPF stack). Same wake-up batching as emit(). */
 static __always_inline void emit_window(struct lt_event *ev)
 {
     struct lt_window_event *w = events.ringbuf_reserve(sizeof(struct lt_window_event));
