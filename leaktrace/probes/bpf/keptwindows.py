@@ -59,12 +59,15 @@ class KeptWindows:
         o = self._named.pop((tgid, v.born), None)
         if o is None:
             return self._read(tgid, v, delete=True)
-        self.discard(tgid, v.born)
+        self._delete(tgid, v.born)
         return o
 
     def discard(self, tgid: int, born: int) -> None:
         """The region born at ``born`` left the kernel unnamed (its process exited or exec'd): its window goes."""
         self._named.pop((tgid, born), None)
+        self._delete(tgid, born)
+
+    def _delete(self, tgid: int, born: int) -> None:
         if self._fd >= 0:
             key = WindowKey(tgid, 0, born)
             self._lib.bpf_delete_elem(self._fd, ct.byref(key))

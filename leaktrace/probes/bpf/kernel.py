@@ -191,7 +191,7 @@ class KernelSide:
             for k, v in items:
                 o = self.windows.named(k.tgid, v) if v.window else self.origins.hook_caller_of(k.tgid, v)
                 if o is not None:
-                    key = (o.kind, o.site, o.ip, o.stack_id)  # malloc's chunk: named by a window
+                    key = (o.kind, o.site, o.ip, o.stack_id)  # malloc's chunk: named by its window (or its thread's)
                 else:
                     key = (mmap_kind(v.fd, v.prot), v.site, v.ip, v.stack_id)
                 oid = ids.get(key)
