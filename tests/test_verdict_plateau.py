@@ -21,7 +21,8 @@ from conftest import is_root, run_cli
 from fixtures.build import build
 
 from leaktrace.analysis.candidates import is_doubtful, is_leaking
-from leaktrace.analysis.growth import MB, growth_shape, process_rates, rate, shape_evidence
+from leaktrace.analysis.growth import MB, growth_shape, rate, shape_evidence
+from leaktrace.analysis.growth_tables import process_rates
 
 T = np.arange(0, 61, 1.0)  # a 60 s hunt, one watcher tick a second
 

@@ -27,7 +27,8 @@ from fixtures.build import build
 from shapes_helpers import TruthLog
 
 from leaktrace.analysis.candidates import is_doubtful, is_leaking, plateau_evidence
-from leaktrace.analysis.growth import MB, process_rates, rate
+from leaktrace.analysis.growth import MB, rate
+from leaktrace.analysis.growth_tables import process_rates
 from leaktrace.analysis.preexisting import replaced_preexisting
 from leaktrace.analysis.series import growth_stop, rate_interval
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from leaktrace.analysis.growth import MB, class_rate_table
+from leaktrace.analysis.growth import MB
+from leaktrace.analysis.growth_tables import class_rate_table
 
 # The verdict's thresholds and per-process rules (analysis/leaking.py), re-exported where candidates are made.
 from leaktrace.analysis.leaking import (  # noqa: F401

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from leaktrace.analysis.candidates import THRESHOLDS, clears, is_leaking, ledger_candidates, process_info
-from leaktrace.analysis.growth import process_rates
+from leaktrace.analysis.growth_tables import process_rates
 from leaktrace.analysis.load import requests_by_pid
 from leaktrace.session import TableSource
 

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis.candidates import THRESHOLDS, Candidate, frame_library
-from leaktrace.analysis.growth import MB, per_process, rate
+from leaktrace.analysis.growth import MB, rate
+from leaktrace.analysis.growth_tables import per_process
 from leaktrace.analysis.leaking import leaks_steadily
 from leaktrace.analysis.ledger import stack_frames
 from leaktrace.session import TableSource

@@ -1,5 +1,5 @@
 """Which processes leak: the verdict's thresholds and its rules on a process's rates (a row of
-``growth.process_rates``): leaking, doubtful (hunt longer), or the shape line that says why not.
+``growth.series_rates``): leaking, doubtful (hunt longer), or the shape line that says why not.
 
 A leak grows at the leak rate with a confident slope, long enough, not as one step, not decelerating, not
 stopped inside the window (``analysis/series.py``), and its rate's lower bound from the series' own noise

@@ -17,7 +17,8 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis.candidates import THRESHOLDS, Candidate, frame_library
-from leaktrace.analysis.growth import MB, Rate, per_process, rate
+from leaktrace.analysis.growth import MB, Rate, rate
+from leaktrace.analysis.growth_tables import per_process
 from leaktrace.analysis.leaking import leaks_steadily
 from leaktrace.analysis.locks import MCL_FUTURE, LockSite, ProcessLocks, lockall_words, process_locks
 from leaktrace.session import TableSource

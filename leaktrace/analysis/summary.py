@@ -16,7 +16,8 @@ from leaktrace.analysis.candidates import THRESHOLDS, plateau_evidence, process_
 from leaktrace.analysis.culprits import find_culprits
 from leaktrace.analysis.exits import process_exits
 from leaktrace.analysis.first_named import first_named
-from leaktrace.analysis.growth import MB, class_rate_table, class_rates, process_rates
+from leaktrace.analysis.growth import MB
+from leaktrace.analysis.growth_tables import class_rate_table, class_rates, process_rates
 from leaktrace.analysis.host import add_host_culprit, host_block, host_memory
 from leaktrace.analysis.ledger import ledger_summary
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions

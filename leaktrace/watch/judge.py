@@ -58,7 +58,7 @@ def judge(rows: list[dict[str, Any]], th: dict[str, float]) -> Judgement:
     import pandas as pd
 
     from leaktrace.analysis.candidates import is_doubtful, is_leaking
-    from leaktrace.analysis.growth import process_rates
+    from leaktrace.analysis.growth_tables import process_rates
 
     row = process_rates(pd.DataFrame(rows)).iloc[0]
     j.leaking = bool(is_leaking(row, th))
