@@ -238,3 +238,48 @@ def test_alert_rules_parse():
         pytest.skip("promtool not installed (.ci/setup.d/46-watch.sh installs Debian's prometheus)")
     res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_watch_judges_growth_by_the_hunts_rules_without_pandas():
+    """The daemon judges a growing process with the hunt's rules (the same verdict as process_rates and
+    is_leaking on the same rows) and never loads pandas or pyarrow for it: they would stay in its RSS."""
+    import numpy as np
+
+    from leaktrace.analysis.growth_tables import process_rates
+    from leaktrace.analysis.leaking import is_doubtful, is_leaking
+    from leaktrace.watch.judge import thresholds
+
+    rnd = np.random.default_rng(7)
+    t = np.arange(0.0, 60.0, 1.0)
+    shapes = {  # bytes over the window
+        "leak": 200e6 + t * 10e6 / 60 + rnd.normal(0, 2e5, t.size),
+        "cache filling then flat": 200e6 + np.minimum(t, 20.0) * 1e6,
+        "decelerating": 200e6 + 40e6 * (1 - np.exp(-t / 15)),
+        "noise": 200e6 + rnd.normal(0, 3e6, t.size),
+        "step": 200e6 + (t > 30) * 30e6,
+    }
+    series = {k: [{"t": float(a), "pid": 9, "rss": float(v), "anon": float(v) - 50e6, "uss": float(v),
+                   "pss": float(v)} for a, v in zip(t, y, strict=True)] for k, y in shapes.items()}
+    child = ("import json, sys\n"
+             "import leaktrace.watch.daemon\n"
+             "from leaktrace.watch.judge import judge, thresholds\n"
+             "series = json.load(sys.stdin)\n"
+             "out = {k: [judge(v, thresholds(None)).leaking, judge(v, thresholds(None)).growing] "
+             "for k, v in series.items()}\n"
+             "out['loaded'] = sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules)\n"
+             "print(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", child], input=json.dumps(series), capture_output=True, text=True,
+                       timeout=120, cwd=str(REPO))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got.pop("loaded") == []
+    th = thresholds(None)
+    import pandas as pd
+
+    want = {}
+    for k, rows in series.items():
+        row = process_rates(pd.DataFrame(rows)).iloc[0]
+        leaking = bool(is_leaking(row, th))
+        want[k] = [leaking, leaking or bool(is_doubtful(row, th))]
+    assert got == want
+    assert want["leak"] == [True, True] and want["noise"] == [False, False] and want["step"][0] is False

@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import pandas as pd
-
 from leaktrace.analysis.thresholds import THRESHOLDS
+
+
+def _missing(v: Any) -> bool:
+    """No value: None or NaN (a pandas row's empty cell or a dict row's None; pandas is not needed here, the
+    watch judges dict rows without it)."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
 
 # A stop is stated in the verdict for a process whose growth before it is at least this share of its level.
 STOP_TOLD_SHARE = 0.05
@@ -25,13 +30,13 @@ def is_short_lived(row: Any, th: dict[str, float] = THRESHOLDS) -> bool:
     exists (stated with lower confidence)."""
     exited = row.get("exited_s") if hasattr(row, "get") else None
     span = row["t_last"] - row["t_first"]
-    return (exited is not None and not pd.isna(exited) and span < th["min_span_s"]
+    return (exited is not None and not _missing(exited) and span < th["min_span_s"]
             and span >= th["short_lived_min_span_s"] and int(row.get("samples", 0)) >= 4)
 
 
 def _decelerating(row: Any, col: str) -> bool:
     v = row.get(f"{col}_decelerating", False) if hasattr(row, "get") else False
-    return bool(v) and not pd.isna(v)
+    return bool(v) and not _missing(v)
 
 
 def _stop(row: Any, col: str) -> str | None:
@@ -44,7 +49,7 @@ def _lower(row: Any, col: str) -> float:
     """The lower bound of the column's rate from its own noise (growth.rate_interval); unbounded when the
     row has none."""
     v = row.get(f"{col}_lower_mb_per_min") if hasattr(row, "get") else None
-    return float(v) if v is not None and not pd.isna(v) else -float("inf")
+    return float(v) if not _missing(v) else -float("inf")
 
 
 def clears(lower: float | None, threshold: float) -> bool:

@@ -1,7 +1,7 @@
 """A process's recent growth judged by the verdict rules of `hunt` (leaktrace.analysis: the robust rates,
-steps and plateau shapes of analysis.growth, the thresholds of analysis.candidates), over the watch's rolling
-window. A cheap slope filters first: most ticks of most processes need no more than that, and the analysis
-is imported only past it."""
+steps and plateau shapes of analysis.growth, the rules of analysis.leaking, the thresholds of
+analysis.thresholds), over the watch's rolling window, on numpy alone: the daemon never holds pandas for it. A
+cheap slope filters first: most ticks of most processes need no more than that."""
 
 from __future__ import annotations
 
@@ -53,14 +53,15 @@ def judge(rows: list[dict[str, Any]], th: dict[str, float]) -> Judgement:
     fast = max(j.rss_per_s, j.anon_per_s) * 60.0 / MB
     if fast < PREFILTER_SHARE * th["leak_mb_per_min"]:
         return j
-    # The hunt's analysis (pandas: ~80 MB of the watch's RSS) is loaded the first time a process grows, so a
-    # watch over a clean node never holds it.
-    import pandas as pd
+    # The hunt's rules on the process's row (analysis.growth, analysis.leaking: numpy only, so the daemon never
+    # loads pandas and pyarrow for them).
+    from leaktrace.analysis.growth import series_rates
+    from leaktrace.analysis.leaking import is_doubtful, is_leaking
 
-    from leaktrace.analysis.candidates import is_doubtful, is_leaking
-    from leaktrace.analysis.growth_tables import process_rates
-
-    row = process_rates(pd.DataFrame(rows)).iloc[0]
+    levels = {"rss": rss, "anon": anon}
+    for col in ("uss", "pss"):
+        levels[col] = np.fromiter((r[col] for r in rows), dtype=float, count=len(rows))
+    row = series_rates(int(last.get("pid", 0)), t, levels)
     j.leaking = bool(is_leaking(row, th))
     j.growing = j.leaking or bool(is_doubtful(row, th))
     return j
