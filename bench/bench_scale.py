@@ -82,6 +82,9 @@ def run_hunt(pids: list[int], seconds: float, out: Path) -> dict:
 
 
 def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0) -> dict:
+    """The watch's steady CPU share and RSS, and what it made of the leaker (pids[0]): the states it passed
+    through, the library its eBPF ledger named (so the RSS is that of a watch tracing a leak), and whether
+    any other target was ever more than "ok" or "growing"."""
     args = [a for p in pids for a in ("--pid", str(p))]
     w = subprocess.Popen([*LEAKTRACE, "watch", *args, "--duration", str(seconds), "--out", str(out)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
@@ -91,14 +94,36 @@ def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0
         f = Path(f"/proc/{w.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
+    states: set[str] = set()
+    libraries: set[str] = set()
+    others: set[int] = set()
+    ebpf = False
+
+    def look() -> None:
+        nonlocal ebpf
+        try:
+            st = json.loads((out / "watch.json").read_text())
+        except (OSError, ValueError):
+            return
+        ebpf = ebpf or bool(st.get("ebpf"))
+        for t in st.get("targets", []):
+            if t["pid"] == pids[0]:
+                states.add(t["state"])
+                if t.get("suspect"):
+                    libraries.add(str(t["suspect"].get("library")))
+            elif t["state"] in ("leaking", "confirmed"):
+                others.add(t["pid"])
+
     c0, t0, rss = cpu(), time.monotonic(), []
     while w.poll() is None and time.monotonic() - t0 < seconds - settle_s - 2:
         time.sleep(5)
         rss.append(_rss(w.pid))
+        look()
     c1, t1 = cpu(), time.monotonic()
     w.wait()
     return {"core_share": round((c1 - c0) / (t1 - t0), 4), "rss_mb": round(float(np.median(rss[len(rss) // 2:])) / 2**20, 1)
-            if rss else None}
+            if rss else None, "ebpf": ebpf, "leaker_states": sorted(states), "leaker_libraries": sorted(libraries),
+            "others_leaking": len(others)}
 
 
 def fit(ns: list[int], ys: list[float]) -> dict:
@@ -133,7 +158,9 @@ def main() -> None:
         print(f"N={n:3d} hunt: attach {h['attach_s']:.2f} s, late {h['late_ticks']}/{h['ticks']}, "
               f"{h['core_share']:.3f} core, peak RSS {h['peak_rss_mb']:.0f} MB, +{h['wall_past_window_s']} s past "
               f"the window, leak named {h['leak_named']} at {h['first_named_s']} s, {h['false_culprits']} false "
-              f"culprit(s) | watch: {w['core_share']:.4f} core, RSS {w['rss_mb']} MB", flush=True)
+              f"culprit(s) | watch: {w['core_share']:.4f} core, RSS {w['rss_mb']} MB, eBPF {w['ebpf']}, leaker "
+              f"{'/'.join(w['leaker_states'])} named {w['leaker_libraries']}, {w['others_leaking']} other(s) "
+              "leaking", flush=True)
     ns = [r["n"] for r in rows]
     fits = {"hunt_core_share": fit(ns, [r["hunt"]["core_share"] for r in rows]),
             "hunt_attach_s": fit(ns, [r["hunt"]["attach_s"] or 0.0 for r in rows]),
