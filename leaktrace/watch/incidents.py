@@ -14,12 +14,14 @@ The disk bound deletes the oldest finished incidents first until DIR fits in --m
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -148,37 +150,73 @@ TABLES = ("processes", "rollup", "class_usage", "region_events", "regions", "led
           "ledger_regions", "bpf_stacks", "bpf_counters")
 
 
+# How long the child writing an exit incident's session and reports may take before it is killed.
+EXIT_WRITE_TIMEOUT_S = 180.0
+
+
+def _write_exit_session(path: Path, pid: int, root: int, ex: dict[str, Any], t: float, t0: float, oom: bool,
+                        tables: dict[str, list[dict[str, Any]]], watch_meta: dict[str, Any],
+                        formats: tuple[str, ...]) -> None:
+    from leaktrace.report import render_session
+    from leaktrace.session import SessionWriter
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = SessionWriter(path, meta={"target": {"pids": [pid], "processes": [{"pid": pid}]},
+                                       "attach_s": 0.0, "watch": {**watch_meta, "exit": ex, "root": root}})
+    for table in TABLES:
+        rows = _rebased(tables.get(table) or [], t0)
+        if table == "processes" and oom:
+            rows = [{**r, "exit_code": 9} if r.get("event") == "exit" else r for r in rows]
+        writer.append(table, rows)
+    end = max(t - t0, 0.0)
+    writer.close(stop_reason=f"target exited ({ex['how']})", duration_s=end, exited={str(pid): end},
+                 warnings=[], labels={})
+    render_session(path, formats=formats)
+
+
+def _exit_writer_child(conn: Connection, *args: Any) -> None:
+    """The child's body: the session and its reports, then None (done) or the error's line to the watch."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the watch lets the incident finish
+    try:
+        _write_exit_session(*args)
+        conn.send(None)
+    except Exception as e:  # a session that cannot be written or read is a failed incident
+        conn.send(str(e) if isinstance(e, LeaktraceError) else f"{type(e).__name__}: {e}")
+    finally:
+        conn.close()
+
+
 def write_exit_incident(out: Path, pid: int, root: int, t: float, tables: dict[str, list[dict[str, Any]]],
                         exit_code: int | None, oom: bool, watch_meta: dict[str, Any],
                         formats: tuple[str, ...]) -> Incident:
     """The session of a growing process that ended: what the watch held of it, on the clock of its first
-    sample, then its reports."""
+    sample, then its reports. Written by a short-lived child process: the session writer and the reporters
+    need pandas and pyarrow (~70 MB), which would otherwise stay in the watch's RSS for the rest of its life."""
     path = incident_dir(out, pid, "-exit")
     inc = Incident("exit", pid, root, path, t, utc_stamp())
     ex = describe_exit(exit_code, oom=oom, source="proc" if exit_code is not None or oom else None)
     inc.exit = ex
     rollup = tables.get("rollup") or []
     t0 = float(rollup[0]["t"]) if rollup else t
+    ctx = multiprocessing.get_context("spawn")  # never fork a process holding the probe's threads
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_exit_writer_child, daemon=True, name=f"leaktrace-exit-{pid}",
+                        args=(send, path, pid, root, ex, t, t0, oom, tables, watch_meta, formats))
     try:
-        # Imported here (pandas, pyarrow): a watch that never writes an exit incident never loads them.
-        from leaktrace.report import render_session
-        from leaktrace.session import SessionWriter
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        writer = SessionWriter(path, meta={"target": {"pids": [pid], "processes": [{"pid": pid}]},
-                                           "attach_s": 0.0, "watch": {**watch_meta, "exit": ex, "root": root}})
-        for table in TABLES:
-            rows = _rebased(tables.get(table) or [], t0)
-            if table == "processes" and oom:
-                rows = [{**r, "exit_code": 9} if r.get("event") == "exit" else r for r in rows]
-            writer.append(table, rows)
-        end = max(t - t0, 0.0)
-        writer.close(stop_reason=f"target exited ({ex['how']})", duration_s=end, exited={str(pid): end},
-                     warnings=[], labels={})
-        render_session(path, formats=formats)
+        child.start()
+        send.close()
+        error = recv.recv() if recv.poll(EXIT_WRITE_TIMEOUT_S) else f"not written in {EXIT_WRITE_TIMEOUT_S:.0f} s"
+    except (OSError, EOFError) as e:  # the child died before it answered
+        error = f"the incident's writer ended ({child.exitcode}): {e}"
+    finally:
+        recv.close()
+        if child.is_alive():
+            child.kill()
+        child.join(10)
+    if error is None:
         inc.read_report()
-    except Exception as e:  # a session that cannot be written or read is a failed incident
-        inc.status, inc.error = "failed", f"{type(e).__name__}: {e}" if not isinstance(e, LeaktraceError) else str(e)
+    else:
+        inc.status, inc.error = "failed", error
     return inc
 
 
