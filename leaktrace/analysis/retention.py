@@ -2,10 +2,7 @@
 process's heap growth into memory in use (``uordblks`` + ``hblkhd``: what the program holds) and free memory
 the allocator keeps (``fordblks``: bins, fast bins, the top chunk).
 
-Memory in use is read at its troughs: the reads that caught no temporary buffers (those nearest a line under
-the series, found by refitting the line to them), and where the troughs are too few to cover the window, as
-its floor (the least of neighbouring reads). Temporary buffers held at the moment of a read are not kept.
-Each malloc-heap candidate of a process whose books were read carries both rates (``live_mb_per_min``,
+Memory in use is read at its troughs, else as its floor (analysis/inuse.py). Each malloc-heap candidate of a process whose books were read carries both rates (``live_mb_per_min``,
 ``retained_mb_per_min``: the process's, malloc keeping one set of books per process). When the memory in use
 does not grow at the leak rate and the kept free memory explains the heap's growth, the growth is the
 allocator's retention, not a leak: the candidate becomes ``allocator-retention`` (never a leak verdict on its
@@ -16,22 +13,25 @@ read from the process's own settings (MALLOC_ARENA_MAX, MALLOC_TRIM_THRESHOLD_).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from leaktrace.analysis.candidates import THRESHOLDS, Candidate, clears
+from leaktrace.analysis.candidates import THRESHOLDS, Candidate
 from leaktrace.analysis.growth import Rate, rate
+from leaktrace.analysis.inuse import (
+    BOOKS_MIN_COVER,
+    BOOKS_MIN_READS,
+    in_use_grows,
+    kept_in_use,
+    untouched_line,
+)
 from leaktrace.analysis.resident import growth_resident_share
 from leaktrace.session import TableSource
-from leaktrace.slope import theil_sen
 
 # The kept free memory explains a heap's growth when it grows at least this share of the candidate's rate.
 RETAINED_SHARE = 0.5
-FLOOR_READS = 3
 SAME_MOMENT_S = 1.0
 
 
@@ -65,69 +65,11 @@ def _one_per_moment(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _kept(rows: pd.DataFrame) -> tuple[Rate, pd.Series]:
-    """(the rate of the memory in use the program keeps, the free memory malloc keeps at each read). In use
-    at a read includes the temporary buffers of that moment; what the program keeps is read at the troughs
-    (``_troughs``), else as the floor of each read and its neighbours: it grows with a leak, not with bigger
-    temporary batches. The temporaries came out of malloc's free memory: it keeps them back once freed."""
-    t = rows["t"].to_numpy(dtype=float)
+    """(the rate of the memory in use the program keeps, the free memory malloc keeps at each read): see
+    analysis/inuse.py. The temporaries came out of malloc's free memory: it keeps them back once freed."""
     in_use = (rows["uordblks"] + rows["hblkhd"]).to_numpy(dtype=float)
-    keep = _troughs(t, in_use)
-    if keep is None:
-        floor = pd.Series(in_use).rolling(FLOOR_READS, center=True, min_periods=1).min().to_numpy()
-        live = rate(t, floor, warmup_s=0.0)
-    else:
-        live = rate(t[keep], in_use[keep], warmup_s=0.0)
-        if not np.isfinite(live.lower_per_s):  # too few troughs for the series' noise: their own spread
-            i, j = np.triu_indices(int(keep.sum()), k=1)
-            tk, yk = t[keep], in_use[keep]
-            live = dataclasses.replace(live, lower_per_s=float(np.min((yk[j] - yk[i]) / np.maximum(tk[j] - tk[i], 1e-9))))
-        slope = theil_sen(t[keep], in_use[keep])[0]
-        line = float(np.median(in_use[keep] - slope * t[keep])) + slope * t
-        floor = np.minimum(line, in_use)
+    live, floor = kept_in_use(rows["t"].to_numpy(dtype=float), in_use)
     return live, pd.Series(rows["fordblks"].to_numpy(dtype=float) + (in_use - floor), index=rows.index)
-
-
-# A read is a trough (no temporary buffers held) when its excess over the line under the series is within
-# this share of the way from the least excess to the median one, or within TROUGH_BAND of the least read's
-# memory in use (where most reads are troughs, the median excess is their own noise); the line is refitted
-# to the troughs.
-TROUGH_SHARE = 0.25
-TROUGH_BAND = 0.05
-TROUGH_ROUNDS = 3
-# The troughs speak for the window when at least this many reads cover this share of it.
-TROUGH_MIN_READS = 3
-TROUGH_MIN_COVER = 1 / 3
-# Troughs are read only where temporaries dominate: the median read holds at least this many times the least
-# read's memory in use above it. A churner's in use walks a few percent about its level, where the reads
-# nearest a line are a chosen few of its noise, not what it keeps.
-TEMPORARIES_DOMINATE = 1.0
-
-
-def _troughs(t: np.ndarray, y: np.ndarray) -> np.ndarray | None:
-    """The reads of memory in use that held no temporary buffers, or None when they do not cover the window
-    or temporaries do not dominate the series. A stager's batches lift most reads by hundreds of MB and leave
-    a few at what the program keeps: the least of neighbouring reads then still holds a batch, the troughs
-    do not. The first line is flat (the
-    lowest reads), each next one the Theil–Sen fit of the troughs under the previous: a steady growth of
-    what is kept tilts it, and a series without temporaries keeps the lower half of its noise."""
-    least_read = float(y.min()) if len(y) else 0.0
-    if len(y) < TROUGH_MIN_READS or float(np.median(y)) - least_read < TEMPORARIES_DOMINATE * max(least_read, 0.0):
-        return None
-    base = np.zeros(len(y))
-    keep = np.ones(len(y), dtype=bool)
-    band = TROUGH_BAND * least_read
-    for _ in range(TROUGH_ROUNDS):
-        excess = y - base
-        least, middle = float(excess.min()), float(np.median(excess))
-        keep = excess <= least + max(TROUGH_SHARE * (middle - least), band)
-        if keep.sum() < 2:
-            return None
-        slope = theil_sen(t[keep], y[keep])[0]
-        base = float(np.median(y[keep] - slope * t[keep])) + slope * t
-    covered = float(t[keep].max() - t[keep].min())
-    if keep.sum() < TROUGH_MIN_READS or covered < TROUGH_MIN_COVER * float(t[-1] - t[0]):
-        return None
-    return keep
 
 
 def other_allocators(reader: TableSource) -> dict[int, dict[str, str]]:
@@ -282,8 +224,6 @@ def _facts(last: dict[str, Any]) -> dict[str, str]:
 
 
 # A process's books speak for its whole window when this many complete reads cover this share of it.
-BOOKS_MIN_READS = 6
-BOOKS_MIN_COVER = 0.5
 
 
 def in_use_flat(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[str, Any]],
@@ -311,13 +251,7 @@ def in_use_flat(reader: TableSource, procs: pd.DataFrame, info: dict[int, dict[s
         if b["reads"] < BOOKS_MIN_READS or live.span_s < BOOKS_MIN_COVER * span:
             continue
         other = other_growth.get(pid, 0.0)
-        # in use grows when its rate clears the leak rate with its interval: a churner's live set walks about
-        # its bound, and a minute of that walk has a slope
-        if (clears(live.lower_mb_per_min, th["leak_mb_per_min"]) and _steady(live) >= th["leak_mb_per_min"]) \
-                or other >= th["leak_mb_per_min"]:
+        if in_use_grows(live, th["leak_mb_per_min"]) or other >= th["leak_mb_per_min"]:
             continue
-        out[pid] = (f"RSS grows {grows:.2f} MB/min but nothing it holds does: malloc's memory in use "
-                    f"{live.mb_per_min:+.2f} MB/min ({b['reads']} reads of its books), other mappings the eBPF "
-                    f"ledger traced {other:+.2f} MB/min: pages of memory malloc already holds being touched, "
-                    "or free memory it keeps; not a leak")
+        out[pid] = untouched_line(grows, live, b["reads"], other)
     return out
