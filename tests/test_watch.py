@@ -288,3 +288,48 @@ def test_watch_judges_growth_by_the_hunts_rules_without_pandas():
         want[k] = [leaking, leaking or bool(is_doubtful(row, th))]
     assert got == want
     assert want["leak"] == [True, True] and want["noise"] == [False, False] and want["step"][0] is False
+
+
+@pytest.fixture(scope="module")
+def retain_bin() -> Path:
+    return build("malloc_retain", ["malloc_retain.c"], ldflags=["-lpthread"])
+
+
+@pytest.mark.skipif(not is_root(), reason="malloc's books and the eBPF ledger need root")
+def test_watch_holds_back_rss_that_nothing_held_explains(tmp_path, spawn, retain_bin):
+    """A process whose RSS grows by first touch of a pool malloc already handed out (its books flat) is judged
+    leaking by its RSS, then held back by malloc's books and the eBPF ledger: no incident. A malloc leak beside
+    it, whose memory in use grows, is confirmed as before."""
+    toucher = spawn([retain_bin, "0", "0", "0", "0", "400"])  # 24 MB/min of first touch, in use flat
+    leaker = spawn([retain_bin, "0", "0", "0", "200"])  # 12 MB/min kept in 256-byte entries
+    out = tmp_path / "w"
+    watch = subprocess.Popen(
+        [*LEAKTRACE, "watch", "--pid", str(toucher.pid), "--pid", str(leaker.pid), "--interval", "1",
+         "--confirm-s", "15", "--deep-hunt-s", "10", "--duration", "75", "--out", str(out), "--no-gdb",
+         "--format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    held: list[str] = []
+    toucher_states: set[str] = set()
+    try:
+        def done() -> bool:
+            for t in _state(out).get("targets", []):
+                if t["pid"] == toucher.pid:
+                    toucher_states.add(t["state"])
+                    if t.get("held_back"):
+                        held.append(t["held_back"])
+            return watch.poll() is not None
+
+        wait_for(done, timeout=150, step=0.5)
+        stdout, stderr = watch.communicate(timeout=60)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 0, stderr
+    state = _state(out)
+    assert state["ebpf"] is True, state["warnings"]
+    incidents = state["incidents"]
+    assert [i["pid"] for i in incidents if i["kind"] == "leak"] == [leaker.pid], incidents
+    assert held and "nothing it holds does" in held[-1], (toucher_states, stderr[-3000:])
+    assert "confirmed" not in toucher_states and "leaking" in toucher_states, toucher_states
+    assert f"pid {toucher.pid}: not confirmed: RSS grows" in stderr, stderr[-3000:]

@@ -107,6 +107,7 @@ def split_figures(df: pd.DataFrame) -> dict[str, dict[str, Any]]:
 
 _ROLLUP = ("t", "pid", "rss", "pss", "uss", "anon", "swap", "shared")
 _LEVELS = ("rss", "pss", "uss", "anon")
+MB = 1024 * 1024
 
 
 def _ticks(ser: pd.DataFrame, interval: float, phase: float) -> pd.DataFrame:
@@ -117,10 +118,44 @@ def _ticks(ser: pd.DataFrame, interval: float, phase: float) -> pd.DataFrame:
     return ser.iloc[np.unique(np.clip(idx, 0, len(ser) - 1))][list(_ROLLUP)].reset_index(drop=True)
 
 
+def _at(df: pd.DataFrame | None, times: np.ndarray) -> list[dict[str, Any] | None]:
+    """The row of ``df`` (sorted by t) last read at or before each of ``times``, re-timed to it (None before
+    its first read): what a read at each watch tick would have seen."""
+    if df is None or df.empty:
+        return [None] * len(times)
+    t = df["t"].to_numpy(float)
+    idx = np.searchsorted(t, times, side="right") - 1
+    recs = df.to_dict("records")
+    return [None if i < 0 else {**recs[i], "t": float(x)} for i, x in zip(idx, times, strict=True)]
+
+
+def _evidence(split: Split, pid: int, kind: str, times: np.ndarray) -> tuple[list, list]:
+    """At each watch tick: the read of malloc's books (watch/books.py reads them only for a C process: a Python
+    interpreter's objects are outside them) and the eBPF ledger's outstanding bytes outside malloc's heap."""
+    tabs = split.by_pid.get(pid, {})
+    ms = tabs.get("malloc_state") if kind == "c" else None
+    if ms is not None:
+        ms = ms[ms["complete"].astype(bool)].sort_values("t")
+    ls = tabs.get("ledger_snapshots")
+    other = None
+    if ls is not None and not ls.empty:
+        from leaktrace.watch.books import HEAP_KINDS
+
+        o = ls[~ls["kind"].astype(str).isin(HEAP_KINDS)].groupby("t", as_index=False)["outstanding_bytes"].sum()
+        other = o.assign(kind="other").sort_values("t")
+    books = _at(ms, times)
+    ledger = _at(other, times)
+    return books, [None if r is None else {"t": r["t"], "kind": "other", "outstanding_bytes": r["outstanding_bytes"]}
+                   for r in ledger]
+
+
 def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm_s: float,
-           th: dict[str, float]) -> list[float]:
+           th: dict[str, float], books: list | None = None, ledger: list | None = None) -> list[float]:
     """watch's per-process loop (leaktrace/watch/daemon.py _judge) over a series: the times of its incidents
-    (a leak held for confirm_s; a new one after the judgement has let go)."""
+    (a leak held for confirm_s; a new one after the judgement has let go). ``books``, ``ledger``: per row, the
+    read of malloc's books and the ledger's outstanding bytes outside the heap (None: none), for the daemon's
+    hold on a growth nothing the process holds explains (watch/books.py)."""
+    from leaktrace.watch.books import not_held
     from leaktrace.watch.judge import judge
 
     incidents: list[float] = []
@@ -137,16 +172,27 @@ def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm
             continue
         if since is None:
             since = now
-        if not confirmed and now - since >= confirm_s:
-            confirmed = True
-            incidents.append(now)
+        if confirmed or now - since < confirm_s:
+            continue
+        if books is not None and ledger is not None:
+            t0 = max(since, now - window_s)
+            mine = range(lo, i + 1)
+            bk = [books[k] for k in mine if books[k] is not None and rows[k]["t"] >= t0]
+            ld = [ledger[k] for k in mine if ledger[k] is not None and rows[k]["t"] >= t0]
+            if not_held(bk, ld, j.rss_per_s * 60 / MB, j.anon_per_s * 60 / MB, now - t0,
+                        th["leak_mb_per_min"]).line is not None:
+                since = now  # the daemon's confirmation starts over
+                continue
+        confirmed = True
+        incidents.append(now)
     return incidents
 
 
 def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0) -> dict[str, Any]:
     """Clean and bounded series of ``split`` strung end to end (each piece after its first ``skip_s``, level
-    matched at the joins) to >= ``hours``, judged as one process with watch's defaults; and each leak of
-    >= 10 MB/min judged alone: seconds from its first leaked byte to its confirmation."""
+    matched at the joins: its books' memory in use and its ledger's outstanding bytes too) to >= ``hours``,
+    judged as one process with watch's defaults; and each leak of >= 10 MB/min judged alone: seconds from its
+    first leaked byte to its confirmation."""
     from leaktrace.watch import DEFAULT_CONFIRM_S, DEFAULT_INTERVAL_S
     from leaktrace.watch.judge import thresholds
 
@@ -161,23 +207,38 @@ def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0) -> dict[s
         ser = split.series(int(s["pid"]))
         ser = ser[ser["t"] >= ser["t"].min() + skip_s]
         if len(ser) > 30:
-            pieces.append(ser)
+            pieces.append((s, ser))
     rows: list[dict[str, Any]] = []
+    books: list[dict[str, Any] | None] = []
+    ledger: list[dict[str, Any] | None] = []
     t_end, level = 0.0, dict.fromkeys(_LEVELS, 0.0)
+    held = {"in_use": None, "other": None}  # the last book and ledger levels, for the joins
     while pieces and t_end < hours * 3600:
-        ser = _ticks(pieces[rnd.randrange(len(pieces))], interval, rnd.uniform(0, interval))
+        s, ser = pieces[rnd.randrange(len(pieces))]
+        ser = _ticks(ser, interval, rnd.uniform(0, interval))
+        bk, ld = _evidence(split, int(s["pid"]), s["kind"], ser["t"].to_numpy(float))
         first = ser.iloc[0]
         t_first = float(first["t"])
         shift = {k: (level[k] - float(first[k])) if rows else 0.0 for k in _LEVELS}
-        for r in ser.to_dict("records"):
+        b0 = next((b for b in bk if b is not None), None)
+        l0 = next((x for x in ld if x is not None), None)
+        b_shift = (held["in_use"] - (b0["uordblks"] + b0["hblkhd"])) if b0 is not None and held["in_use"] is not None else 0.0
+        l_shift = (held["other"] - l0["outstanding_bytes"]) if l0 is not None and held["other"] is not None else 0.0
+        for r, b, x in zip(ser.to_dict("records"), bk, ld, strict=True):
             r["t"] = t_end + (r["t"] - t_first) + (interval if rows else 0.0)
             r["pid"] = 1
             for k in _LEVELS:
                 r[k] = r[k] + shift[k]
             rows.append(r)
+            books.append(None if b is None else {**b, "t": r["t"], "uordblks": b["uordblks"] + b_shift})
+            ledger.append(None if x is None else {**x, "t": r["t"], "outstanding_bytes": x["outstanding_bytes"] + l_shift})
         t_end = rows[-1]["t"]
         level = {k: float(rows[-1][k]) for k in _LEVELS}
-    false_incidents = len(_watch(rows, interval, window_s, confirm_s, th)) if rows else 0
+        lb = next((b for b in reversed(books) if b is not None), None)
+        lx = next((x for x in reversed(ledger) if x is not None), None)
+        held = {"in_use": None if lb is None else lb["uordblks"] + lb["hblkhd"],
+                "other": None if lx is None else lx["outstanding_bytes"]}
+    false_incidents = len(_watch(rows, interval, window_s, confirm_s, th, books, ledger)) if rows else 0
 
     truth = {int(p): g.sort_values("t") for p, g in split.truth.groupby("pid")}
     confirm: list[float] = []
@@ -191,8 +252,9 @@ def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0) -> dict[s
         if started.empty:
             continue
         t_leak = float(started["t"].iloc[0])
-        series = _ticks(split.series(pid), interval, 0.0).to_dict("records")
-        inc = [t for t in _watch(series, interval, window_s, confirm_s, th) if t >= t_leak]
+        ticks = _ticks(split.series(pid), interval, 0.0)
+        bk, ld = _evidence(split, pid, s["kind"], ticks["t"].to_numpy(float))
+        inc = [t for t in _watch(ticks.to_dict("records"), interval, window_s, confirm_s, th, bk, ld) if t >= t_leak]
         if inc:
             confirm.append(inc[0] - t_leak)
         else:

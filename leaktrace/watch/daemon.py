@@ -26,6 +26,7 @@ from leaktrace.probes.exporter import WatchExporter
 from leaktrace.probes.watcher import WatcherProbe
 from leaktrace.ticking import StopFlag, tick_until_stopped
 from leaktrace.watch import WatchOptions
+from leaktrace.watch.books import HeapBooks, not_held
 from leaktrace.watch.ebpf import WatchLedger
 from leaktrace.watch.incidents import (
     Incident,
@@ -64,6 +65,7 @@ class Tracked:
     confirmed: bool = False
     grew: bool = False  # judged growing at least once: an exit leaves an incident
     last_grew: float = 0.0  # when it was last judged growing
+    held: str | None = None  # leaking by RSS, but nothing it holds grows (watch/books.py): why, not confirmed
 
 
 class Watch:
@@ -95,6 +97,7 @@ class Watch:
         self.exporter: WatchExporter | None = None
         self.warnings = 0
         self.bpf: Any = None
+        self.books = HeapBooks()
         self.verbose = False
 
     # -- the loop
@@ -203,14 +206,26 @@ class Watch:
         if j.growing:
             tr.last_grew = now
         if not j.leaking:
-            tr.leaking_since = None
+            tr.leaking_since, tr.held = None, None
             return
         if tr.leaking_since is None:
             tr.leaking_since = now
             self.log(f"pid {pid} grows {max(j.rss_per_s, j.anon_per_s) * 60 / 2**20:.1f} MB/min: a leak by "
                      f"the hunt's rules; confirming for {self.options.confirm_s:.0f}s")
+        if self.bpf is not None and not tr.confirmed:  # malloc's books judge only beside the ledger
+            row = self.books.read(pid, now)
+            if row is not None:
+                self.ring.append("malloc_state", row)
         if tr.confirmed or now - tr.leaking_since < self.options.confirm_s:
             return
+        why = self._untouched(pid, tr, now)
+        if why is not None:
+            if tr.held is None:
+                self.log(f"pid {pid}: not confirmed: {why}")
+            # confirmation starts over: growth that something it holds explains must last confirm_s of its own
+            tr.held, tr.leaking_since = why, now
+            return
+        tr.held = None
         tr.confirmed = True
         # One deep hunt per tree at a time; with --vllm a deep hunt covers every vLLM server of the host (its
         # /metrics and roles come with `hunt --vllm`), so one at a time.
@@ -223,6 +238,20 @@ class Watch:
         if inc.proc is not None:
             self.running.append(inc)
 
+    def _untouched(self, pid: int, tr: Tracked, now: float) -> str | None:
+        """Why a process judged leaking by its RSS is no leak when nothing it holds grows over the span it has
+        been leaking (at most the judging window): malloc's books and the eBPF ledger beside them
+        (watch/books.py). None when it holds more, or when the ledger did not trace it over that span."""
+        assert tr.leaking_since is not None
+        t0 = max(tr.leaking_since, now - self.window_s)
+        traced = self.ledger.traced_since(pid)
+        if traced is None or traced > t0 + self.options.interval:
+            return None
+        held = not_held(self.ring.since("malloc_state", pid, t0), self.ring.since("ledger_snapshots", pid, t0),
+                        tr.j.rss_per_s * 60 / 2**20, tr.j.anon_per_s * 60 / 2**20, now - t0,
+                        self.th["leak_mb_per_min"])
+        return held.line
+
     def _ended(self, pid: int, now: float) -> None:
         tr = self.tracked.pop(pid)
         try:
@@ -233,6 +262,7 @@ class Watch:
     def _forget(self, pid: int) -> None:
         self.ring.forget(pid)
         self.selector.forget(pid)
+        self.books.forget(pid)
         if self.bpf is not None:  # the symbolizer keeps an exited process's maps for a hunt's final stacks
             self.bpf.symbols.forget(pid)
             self.bpf.libraries.forget(pid)
@@ -285,15 +315,15 @@ class Watch:
         now = self.ring.now()
         for pid, tr in sorted(self.tracked.items()):
             info = self.selector.describe(pid, tr.root)
-            state = ("confirmed" if tr.confirmed else "leaking" if tr.leaking_since is not None
-                     else "growing" if tr.j.growing else "ok")
+            state = ("confirmed" if tr.confirmed else "growing" if tr.held is not None
+                     else "leaking" if tr.leaking_since is not None else "growing" if tr.j.growing else "ok")
             # Under confirmation or confirmed: what the eBPF ledger names, while the leak is confirmed.
             named = suspect(self.ring.since("ledger_snapshots", pid, now - self.window_s),
                             self.th["ledger_mb_per_min"]) if state in ("leaking", "confirmed") else None
             procs.append({"pid": pid, "root": tr.root, "label": info.label, "role": info.role,
                           "instance": info.instance, "rss": tr.j.rss, "anon": tr.j.anon,
                           "rss_per_s": tr.j.rss_per_s, "anon_per_s": tr.j.anon_per_s, "state": state,
-                          "suspect": named})
+                          "suspect": named, "held_back": tr.held})
         # Outstanding bytes by library: the watch's own eBPF ledger (since it attached) where it runs, else
         # the ledger of the process's deep hunt (what was mapped during that hunt).
         outstanding: dict[tuple[str, str, str], float] = {}
@@ -344,7 +374,8 @@ class Watch:
                          "rss_bytes": p["rss"], "anon_bytes": p["anon"],
                          "rss_mb_per_min": round(p["rss_per_s"] * 60 / 2**20, 4),
                          "anon_mb_per_min": round(p["anon_per_s"] * 60 / 2**20, 4),
-                         **({"suspect": p["suspect"]} if p.get("suspect") else {})} for p in snap["procs"]],
+                         **({"suspect": p["suspect"]} if p.get("suspect") else {}),
+                         **({"held_back": p["held_back"]} if p.get("held_back") else {})} for p in snap["procs"]],
             "exited": list(self.exited),
             "incidents_total": self.incidents_total,
             "incidents": [i.as_dict() for i in self.incidents],

@@ -81,6 +81,10 @@ class WatchLedger:
             self._traced_at[pid] = now
             self.probe.add_pid(pid)
 
+    def traced_since(self, pid: int) -> float | None:
+        """When ``pid`` joined the traced processes (None: not traced now)."""
+        return self._traced_at.get(pid) if pid in self.traced.pids else None
+
     def holds(self, pid: int) -> bool:
         """Is ``pid`` traced now (its ledger rows are what it holds, not history)?"""
         return pid in self.traced.pids

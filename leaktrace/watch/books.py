@@ -1,0 +1,115 @@
+"""malloc's books of a process under confirmation, and the hunt's rule on them (analysis/retention.py,
+``in_use_flat``): RSS that grows while nothing the process holds does — malloc's memory in use
+(analysis/inuse.py) and the mappings outside malloc's heap that the eBPF ledger traces — is pages of memory
+malloc already holds being touched, or free memory it keeps. A churner's RSS climbs that way for minutes
+after it starts; with the books it is held back from confirmation, as the hunt calls it no leak.
+
+The books are read (leaktrace/probes/mallocstate) only while a process is judged leaking, once a tick. A
+Python interpreter is left out (its objects live in arenas mapped outside malloc's books: the hunt's Python
+heap probe judges them), and so is a process when the eBPF ledger did not trace it over the span the books
+cover (what it maps outside the heap is then unknown), or whose malloc is not glibc's."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from leaktrace import procfs
+from leaktrace.analysis.inuse import (
+    BOOKS_MIN_COVER,
+    BOOKS_MIN_READS,
+    in_use_grows,
+    kept_in_use,
+    untouched_line,
+)
+from leaktrace.errors import LeaktraceError
+from leaktrace.slope import theil_sen
+
+MB = 1024 * 1024
+# The heap's kinds in the ledger's snapshots: what malloc's books already count.
+HEAP_KINDS = ("heap",)
+
+
+@dataclass
+class Held:
+    """What the books and the ledger say of one growth: ``line`` why it is no leak, else None."""
+
+    line: str | None
+    reads: int
+
+
+def not_held(books: list[dict[str, Any]], ledger: list[dict[str, Any]], rss_mb_per_min: float,
+             anon_mb_per_min: float, span_s: float, leak_mb_per_min: float) -> Held:
+    """The hunt's in_use_flat rule over a span of ``span_s`` seconds: ``books`` the reads of malloc's books
+    (``t``, ``uordblks``, ``hblkhd``, ``complete``), ``ledger`` the eBPF ledger's snapshots (``t``, ``kind``,
+    ``outstanding_bytes``) over the same span."""
+    rows = sorted((r for r in books if r.get("complete", True)), key=lambda r: r["t"])
+    if len(rows) < BOOKS_MIN_READS:
+        return Held(None, len(rows))
+    grows = max(rss_mb_per_min, anon_mb_per_min)
+    if grows < leak_mb_per_min or rss_mb_per_min - anon_mb_per_min >= leak_mb_per_min:
+        return Held(None, len(rows))  # shared or file memory grows: outside malloc's books
+    t = np.fromiter((r["t"] for r in rows), dtype=float, count=len(rows))
+    in_use = np.fromiter((r["uordblks"] + r["hblkhd"] for r in rows), dtype=float, count=len(rows))
+    live, _ = kept_in_use(t, in_use)
+    if live.span_s < BOOKS_MIN_COVER * span_s or in_use_grows(live, leak_mb_per_min):
+        return Held(None, len(rows))
+    other = other_growth(ledger)
+    if other >= leak_mb_per_min:
+        return Held(None, len(rows))
+    return Held(untouched_line(grows, live, len(rows), other), len(rows))
+
+
+def other_growth(ledger: list[dict[str, Any]]) -> float:
+    """MB/min of the ledger's outstanding bytes outside malloc's heap (summed per snapshot)."""
+    per_t: dict[float, float] = {}
+    for r in ledger:
+        if str(r["kind"]) not in HEAP_KINDS:
+            per_t[float(r["t"])] = per_t.get(float(r["t"]), 0.0) + float(r["outstanding_bytes"])
+    if len(per_t) < 3:
+        return 0.0
+    t = np.array(sorted(per_t))
+    return float(theil_sen(t, np.array([per_t[x] for x in t]))[0]) * 60.0 / MB
+
+
+class HeapBooks:
+    """Reads of glibc malloc's books, per process (where they are, found once)."""
+
+    def __init__(self) -> None:
+        self._where: dict[int, Any] = {}  # pid -> GlibcMalloc, or the line why its books cannot be read
+
+    def read(self, pid: int, now: float) -> dict[str, Any] | None:
+        """One read (a ``malloc_state`` row on the watch's clock), or None: a Python interpreter, another
+        allocator, no debug information for libc, or the process gone."""
+        from leaktrace.probes.mallocstate.allocators import other_allocator
+        from leaktrace.probes.mallocstate.glibc import locate, read_malloc_state
+
+        try:
+            where = self._where.get(pid)
+            if where is None:
+                if _is_python(pid):
+                    where = "a Python interpreter"
+                else:
+                    other = other_allocator(procfs.read_maps(pid), procfs.read_environ(pid))
+                    where = other.line() if other is not None else locate(pid)
+                self._where[pid] = where
+            if isinstance(where, str):
+                return None
+            st = read_malloc_state(pid, where)
+        except (LeaktraceError, OSError):
+            return None
+        return {"t": now, "pid": pid, **st}
+
+    def forget(self, pid: int) -> None:
+        self._where.pop(pid, None)
+
+
+# The hunt's test (analysis/candidates.py _is_python), here without pandas.
+_PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
+
+
+def _is_python(pid: int) -> bool:
+    return bool(_PYTHON_EXE.search(procfs.exe_path(pid))) or procfs.read_comm(pid).startswith("python")
