@@ -26,9 +26,8 @@ from leaktrace.analysis.ledger import native_culprits
 from leaktrace.analysis.pyobjects import explains, names_other_library, type_evidence
 from leaktrace.memclass import KIND_OF_CLASS, LIBC_LIBRARY
 from leaktrace.session import TableSource
-from leaktrace.vllm.labels import LABELS, classify_argv
+from leaktrace.vllm.labels import LABELS, classify_argv, is_python
 
-_PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
 _LIB_IN_FRAME = re.compile(r"([A-Za-z0-9_.+-]+\.so(?:[.-][A-Za-z0-9_.-]*)?)")
 
 
@@ -85,10 +84,6 @@ def allocating_library(stack: list[str]) -> str | None:
     return None
 
 
-def _is_python(exe: str, comm: str, cmdline: str) -> bool:
-    return bool(_PYTHON_EXE.search(exe or "")) or (comm or "").startswith("python")
-
-
 def process_label(recorded: str | None, comm: str, cmdline: str) -> tuple[str, str]:
     """(label in the ps vocabulary, title) of a recorded process. Sessions record what the hunt knew:
     a vocabulary word (vLLM discovery), a title (``VLLM::Worker_TP0``) or the comm; the command line
@@ -115,7 +110,7 @@ def process_info(reader: TableSource) -> dict[int, dict[str, Any]]:
             label, title = process_label(labels.get(str(r.pid)) or r.label, r.comm, r.cmdline)
             info[int(r.pid)] = {"ppid": int(r.ppid), "comm": r.comm, "exe": r.exe, "cmdline": r.cmdline,
                                 "label": label, "title": title,
-                                "python": _is_python(r.exe, r.comm, r.cmdline)}
+                                "python": is_python(r.exe, r.comm)}
     return info
 
 

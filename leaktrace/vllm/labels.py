@@ -25,6 +25,15 @@ _TITLE_LABEL = {"EngineCore": "engine-core", "Worker": "worker", "DPCoordinator"
                 "APIServer": "api-server"}
 
 
+# A Python interpreter's executable (python, python3, python3.12).
+_PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
+
+
+def is_python(exe: str, comm: str) -> bool:
+    """The process is a Python interpreter, by its executable or its command name."""
+    return bool(_PYTHON_EXE.search(exe or "")) or (comm or "").startswith("python")
+
+
 def _opt(argv: list[str], *names: str) -> str | None:
     """Value of ``--name V`` or ``--name=V`` (last one wins, as argparse does)."""
     val = None

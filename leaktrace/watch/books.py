@@ -11,7 +11,6 @@ cover (what it maps outside the heap is then unknown), or whose malloc is not gl
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ from leaktrace.analysis.inuse import (
 )
 from leaktrace.errors import LeaktraceError
 from leaktrace.slope import theil_sen
+from leaktrace.vllm.labels import is_python
 
 MB = 1024 * 1024
 # The heap's kinds in the ledger's snapshots: what malloc's books already count.
@@ -90,7 +90,7 @@ class HeapBooks:
         try:
             where = self._where.get(pid)
             if where is None:
-                if _is_python(pid):
+                if is_python(procfs.exe_path(pid), procfs.read_comm(pid)):
                     where = "a Python interpreter"
                 else:
                     other = other_allocator(procfs.read_maps(pid), procfs.read_environ(pid))
@@ -105,11 +105,3 @@ class HeapBooks:
 
     def forget(self, pid: int) -> None:
         self._where.pop(pid, None)
-
-
-# The hunt's test (analysis/candidates.py _is_python), here without pandas.
-_PYTHON_EXE = re.compile(r"(^|/)python[0-9.]*$")
-
-
-def _is_python(pid: int) -> bool:
-    return bool(_PYTHON_EXE.search(procfs.exe_path(pid))) or procfs.read_comm(pid).startswith("python")
