@@ -84,8 +84,8 @@ class HeapBooks:
     def read(self, pid: int, now: float) -> dict[str, Any] | None:
         """One read (a ``malloc_state`` row on the watch's clock), or None: a Python interpreter, another
         allocator, no debug information for libc, or the process gone."""
-        from leaktrace.probes.mallocstate.allocators import other_allocator
-        from leaktrace.probes.mallocstate.glibc import locate, read_malloc_state
+        from leaktrace.probes.mallocstate.glibc import read_malloc_state
+        from leaktrace.probes.mallocstate.probe import locate_books
 
         try:
             where = self._where.get(pid)
@@ -93,8 +93,7 @@ class HeapBooks:
                 if is_python(procfs.exe_path(pid), procfs.read_comm(pid)):
                     where = "a Python interpreter"
                 else:
-                    other = other_allocator(procfs.read_maps(pid), procfs.read_environ(pid))
-                    where = other.line() if other is not None else locate(pid)
+                    where = locate_books(pid)[0]
                 self._where[pid] = where
             if isinstance(where, str):
                 return None

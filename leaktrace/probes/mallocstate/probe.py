@@ -12,7 +12,7 @@ from typing import Any
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntOptions, RereadingProbe
-from leaktrace.probes.mallocstate.allocators import other_allocator
+from leaktrace.probes.mallocstate.allocators import OtherAllocator, other_allocator
 from leaktrace.probes.mallocstate.glibc import GlibcMalloc, locate, read_malloc_state
 
 READ_EVERY_TICKS = 3
@@ -56,17 +56,24 @@ class MallocStateProbe(RereadingProbe):
             self.reads += len(rows)
 
     def _locate(self, pid: int) -> GlibcMalloc | str:
-        """glibc malloc's books in ``pid``, or why they cannot be read: another allocator serves malloc."""
-        other = other_allocator(procfs.read_maps(pid), procfs.read_environ(pid))
+        where, other = locate_books(pid)
         if other is not None:
             self._allocators[pid] = other.as_dict()
-            return other.line()
-        return locate(pid)
+        return where
 
     def summary(self) -> dict[str, Any]:
         return {"reads": self.reads, "cpu_s": round(self._cpu_s, 3),
                 "unreadable": {str(pid): why for pid, why in self._where.items() if isinstance(why, str)},
                 "allocators": {str(pid): a for pid, a in self._allocators.items()}}
+
+
+def locate_books(pid: int) -> tuple[GlibcMalloc | str, OtherAllocator | None]:
+    """glibc malloc's books in ``pid``, or why they cannot be read; and the allocator that serves malloc
+    instead of glibc's, when one does."""
+    other = other_allocator(procfs.read_maps(pid), procfs.read_environ(pid))
+    if other is not None:
+        return other.line(), other
+    return locate(pid), None
 
 
 def process_facts(pid: int) -> dict[str, Any]:
