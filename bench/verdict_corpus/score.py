@@ -143,10 +143,7 @@ def _evidence(split: Split, pid: int, kind: str, times: np.ndarray) -> tuple[lis
 
         o = ls[~ls["kind"].astype(str).isin(HEAP_KINDS)].groupby("t", as_index=False)["outstanding_bytes"].sum()
         other = o.assign(kind="other").sort_values("t")
-    books = _at(ms, times)
-    ledger = _at(other, times)
-    return books, [None if r is None else {"t": r["t"], "kind": "other", "outstanding_bytes": r["outstanding_bytes"]}
-                   for r in ledger]
+    return _at(ms, times), _at(other, times)
 
 
 def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm_s: float,
@@ -180,7 +177,7 @@ def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm
             bk = [books[k] for k in mine if books[k] is not None and rows[k]["t"] >= t0]
             ld = [ledger[k] for k in mine if ledger[k] is not None and rows[k]["t"] >= t0]
             if not_held(bk, ld, j.rss_per_s * 60 / MB, j.anon_per_s * 60 / MB, now - t0,
-                        th["leak_mb_per_min"]).line is not None:
+                        th["leak_mb_per_min"]) is not None:
                 since = now  # the daemon's confirmation starts over
                 continue
         confirmed = True

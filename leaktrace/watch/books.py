@@ -11,7 +11,6 @@ cover (what it maps outside the heap is then unknown), or whose malloc is not gl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,34 +32,26 @@ MB = 1024 * 1024
 HEAP_KINDS = ("heap",)
 
 
-@dataclass
-class Held:
-    """What the books and the ledger say of one growth: ``line`` why it is no leak, else None."""
-
-    line: str | None
-    reads: int
-
-
 def not_held(books: list[dict[str, Any]], ledger: list[dict[str, Any]], rss_mb_per_min: float,
-             anon_mb_per_min: float, span_s: float, leak_mb_per_min: float) -> Held:
-    """The hunt's in_use_flat rule over a span of ``span_s`` seconds: ``books`` the reads of malloc's books
-    (``t``, ``uordblks``, ``hblkhd``, ``complete``), ``ledger`` the eBPF ledger's snapshots (``t``, ``kind``,
-    ``outstanding_bytes``) over the same span."""
+             anon_mb_per_min: float, span_s: float, leak_mb_per_min: float) -> str | None:
+    """The hunt's in_use_flat rule over a span of ``span_s`` seconds: the line why the growth is no leak, or
+    None. ``books``: the reads of malloc's books (``t``, ``uordblks``, ``hblkhd``, ``complete``); ``ledger``:
+    the eBPF ledger's snapshots (``t``, ``kind``, ``outstanding_bytes``) over the same span."""
     rows = sorted((r for r in books if r.get("complete", True)), key=lambda r: r["t"])
     if len(rows) < BOOKS_MIN_READS:
-        return Held(None, len(rows))
+        return None
     grows = max(rss_mb_per_min, anon_mb_per_min)
     if grows < leak_mb_per_min or rss_mb_per_min - anon_mb_per_min >= leak_mb_per_min:
-        return Held(None, len(rows))  # shared or file memory grows: outside malloc's books
+        return None  # shared or file memory grows: outside malloc's books
     t = np.fromiter((r["t"] for r in rows), dtype=float, count=len(rows))
     in_use = np.fromiter((r["uordblks"] + r["hblkhd"] for r in rows), dtype=float, count=len(rows))
     live, _ = kept_in_use(t, in_use)
     if live.span_s < BOOKS_MIN_COVER * span_s or in_use_grows(live, leak_mb_per_min):
-        return Held(None, len(rows))
+        return None
     other = other_growth(ledger)
     if other >= leak_mb_per_min:
-        return Held(None, len(rows))
-    return Held(untouched_line(grows, live, len(rows), other), len(rows))
+        return None
+    return untouched_line(grows, live, len(rows), other)
 
 
 def other_growth(ledger: list[dict[str, Any]]) -> float:

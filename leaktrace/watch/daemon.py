@@ -247,10 +247,9 @@ class Watch:
         traced = self.ledger.traced_since(pid)
         if traced is None or traced > t0 + self.options.interval:
             return None
-        held = not_held(self.ring.since("malloc_state", pid, t0), self.ring.since("ledger_snapshots", pid, t0),
+        return not_held(self.ring.since("malloc_state", pid, t0), self.ring.since("ledger_snapshots", pid, t0),
                         tr.j.rss_per_s * 60 / 2**20, tr.j.anon_per_s * 60 / 2**20, now - t0,
                         self.th["leak_mb_per_min"])
-        return held.line
 
     def _ended(self, pid: int, now: float) -> None:
         tr = self.tracked.pop(pid)
