@@ -6,6 +6,7 @@ changes (processes matching the selection are picked up as they start and follow
   judge     the verdict rules of `hunt` (leaktrace.analysis) over each process's recent history
   incidents a confirmed leak's deep hunt (a normal `hunt` of its tree) and the session left by a growing
             process that ended; the disk bound (--max-disk-mb)
+  outstanding  what the tracked processes hold by library, for the Prometheus snapshot
   daemon    the loop: tick, judge, escalate, watch.json, the Prometheus snapshot, a clean stop
 """
 

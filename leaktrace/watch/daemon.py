@@ -38,6 +38,7 @@ from leaktrace.watch.incidents import (
 )
 from leaktrace.watch.judge import Judgement, judge, thresholds
 from leaktrace.watch.kmsg import oom_killed
+from leaktrace.watch.outstanding import outstanding_by_library
 from leaktrace.watch.ring import RingSession
 from leaktrace.watch.suspect import suspect
 from leaktrace.watch.targets import Selector, selection
@@ -323,31 +324,8 @@ class Watch:
                           "instance": info.instance, "rss": tr.j.rss, "anon": tr.j.anon,
                           "rss_per_s": tr.j.rss_per_s, "anon_per_s": tr.j.anon_per_s, "state": state,
                           "suspect": named, "held_back": tr.held})
-        # Outstanding bytes by library: the watch's own eBPF ledger (since it attached) where it runs, else
-        # the ledger of the process's deep hunt (what was mapped during that hunt).
-        outstanding: dict[tuple[str, str, str], float] = {}
-        resident: dict[tuple[str, str, str], float] = {}  # of those, present in RAM (pagemap; when read)
-        live_ledger = set()
-        for pid in self.tracked:
-            if not self.ledger.holds(pid):
-                continue  # rows of a process let go are history, not what it holds now
-            for r in self.ring.latest("ledger_snapshots", pid):
-                key = (str(pid), str(r["library"]), str(r["kind"]))
-                outstanding[key] = float(r["outstanding_bytes"])
-                if r.get("resident_bytes") is not None:
-                    resident[key] = float(r["resident_bytes"])
-                live_ledger.add(pid)
-        for inc in self.incidents:
-            if inc.status == "deleted":
-                continue
-            for c in inc.culprits:
-                # What a live process holds: a process that ended holds nothing any more.
-                pid = c.get("pid")
-                if c.get("library") and pid in self.tracked and pid not in live_ledger:
-                    key = (str(pid), str(c["library"]), str(c.get("kind")))
-                    outstanding[key] = float(c.get("outstanding_bytes") or 0)
-                    if c.get("outstanding_resident_bytes") is not None:
-                        resident[key] = float(c["outstanding_resident_bytes"])
+        outstanding, resident = outstanding_by_library(self.tracked, self.ledger.holds, self.ring.latest,
+                                                       self.incidents)
         ru = resource.getrusage(resource.RUSAGE_SELF)
         snap = {"procs": procs, "outstanding": [(*k, v) for k, v in outstanding.items()],
                 "outstanding_resident": [(*k, v) for k, v in resident.items()],
