@@ -298,14 +298,17 @@ def retain_bin() -> Path:
 @pytest.mark.skipif(not is_root(), reason="malloc's books and the eBPF ledger need root")
 def test_watch_holds_back_rss_that_nothing_held_explains(tmp_path, spawn, retain_bin):
     """A process whose RSS grows by first touch of a pool malloc already handed out (its books flat) is judged
-    leaking by its RSS, then held back by malloc's books and the eBPF ledger: no incident. A malloc leak beside
-    it, whose memory in use grows, is confirmed as before."""
+    leaking by its RSS, then held back by malloc's books and the eBPF ledger: no incident, early or late. A
+    malloc leak beside it, as fast, whose memory in use grows with it, is confirmed early
+    (--fast-confirm-mb-per-min): before --confirm-s."""
     toucher = spawn([retain_bin, "0", "0", "0", "0", "400"])  # 24 MB/min of first touch, in use flat
-    leaker = spawn([retain_bin, "0", "0", "0", "200"])  # 12 MB/min kept in 256-byte entries
+    leaker = spawn([retain_bin, "0", "0", "0", "400"])  # 24 MB/min kept in 256-byte entries
+    confirm_s = 40
     out = tmp_path / "w"
     watch = subprocess.Popen(
         [*LEAKTRACE, "watch", "--pid", str(toucher.pid), "--pid", str(leaker.pid), "--interval", "1",
-         "--confirm-s", "15", "--deep-hunt-s", "10", "--duration", "75", "--out", str(out), "--no-gdb",
+         "--confirm-s", str(confirm_s), "--fast-confirm-mb-per-min", "10", "--deep-hunt-s", "10", "--duration", "75",
+         "--out", str(out), "--no-gdb",
          "--format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
     held: list[str] = []
@@ -330,6 +333,11 @@ def test_watch_holds_back_rss_that_nothing_held_explains(tmp_path, spawn, retain
     assert state["ebpf"] is True, state["warnings"]
     incidents = state["incidents"]
     assert [i["pid"] for i in incidents if i["kind"] == "leak"] == [leaker.pid], incidents
+    # Leaking from before the watch started: judged leaking within seconds, confirmed FAST_CONFIRM_S (20 s) later
+    # on what it holds; without the early confirmation not before confirm_s of the watch's clock.
+    first = next(i for i in incidents if i["kind"] == "leak")
+    assert first["t"] < confirm_s, (first, stderr[-3000:])
+    assert f"pid {leaker.pid}: leak confirmed: it grows" in stderr, stderr[-3000:]
     assert held and "nothing it holds does" in held[-1], (toucher_states, stderr[-3000:])
     assert "confirmed" not in toucher_states and "leaking" in toucher_states, toucher_states
     assert f"pid {toucher.pid}: not confirmed: RSS grows" in stderr, stderr[-3000:]

@@ -131,7 +131,8 @@ def _at(df: pd.DataFrame | None, times: np.ndarray) -> list[dict[str, Any] | Non
 
 def _evidence(split: Split, pid: int, kind: str, times: np.ndarray) -> tuple[list, list]:
     """At each watch tick: the read of malloc's books (watch/books.py reads them only for a C process: a Python
-    interpreter's objects are outside them) and the eBPF ledger's outstanding bytes outside malloc's heap."""
+    interpreter's objects are outside them) and the eBPF ledger's outstanding bytes outside malloc's heap (with
+    it where the books are not read: a Python interpreter's heap is what it holds)."""
     tabs = split.by_pid.get(pid, {})
     ms = tabs.get("malloc_state") if kind == "c" else None
     if ms is not None:
@@ -141,22 +142,34 @@ def _evidence(split: Split, pid: int, kind: str, times: np.ndarray) -> tuple[lis
     if ls is not None and not ls.empty:
         from leaktrace.watch.books import HEAP_KINDS
 
-        o = ls[~ls["kind"].astype(str).isin(HEAP_KINDS)].groupby("t", as_index=False)["outstanding_bytes"].sum()
+        if ms is not None:
+            ls = ls[~ls["kind"].astype(str).isin(HEAP_KINDS)]
+        o = ls.groupby("t", as_index=False)["outstanding_bytes"].sum()
         other = o.assign(kind="other").sort_values("t")
     return _at(ms, times), _at(other, times)
 
 
 def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm_s: float,
-           th: dict[str, float], books: list | None = None, ledger: list | None = None) -> list[float]:
+           th: dict[str, float], books: list | None = None, ledger: list | None = None,
+           fast_mb_per_min: float = 0.0) -> list[float]:
     """watch's per-process loop (leaktrace/watch/daemon.py _judge) over a series: the times of its incidents
-    (a leak held for confirm_s; a new one after the judgement has let go). ``books``, ``ledger``: per row, the
-    read of malloc's books and the ledger's outstanding bytes outside the heap (None: none), for the daemon's
-    hold on a growth nothing the process holds explains (watch/books.py)."""
-    from leaktrace.watch.books import not_held
+    (a leak held for confirm_s, or a fast one sooner when what it holds grows with it; a new one after the
+    judgement has let go). ``books``, ``ledger``: per row, the read of malloc's books and the ledger's
+    outstanding bytes (outside the heap where books are read; None: none), for the daemon's hold on a growth
+    nothing the process holds explains and its early confirmation (watch/books.py)."""
+    from leaktrace.watch import FAST_CONFIRM_S
+    from leaktrace.watch.books import held_growth, held_line, not_held
     from leaktrace.watch.judge import judge
+
+    def reads(t0: float) -> tuple[list, list]:
+        assert books is not None and ledger is not None
+        mine = range(lo, i + 1)
+        return ([books[k] for k in mine if books[k] is not None and rows[k]["t"] >= t0],
+                [ledger[k] for k in mine if ledger[k] is not None and rows[k]["t"] >= t0])
 
     incidents: list[float] = []
     since: float | None = None
+    growing_since: float | None = None
     confirmed = False
     lo = 0
     for i, r in enumerate(rows):
@@ -164,20 +177,24 @@ def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm
         while rows[lo]["t"] < now - window_s:
             lo += 1
         j = judge(rows[lo:i + 1], th)
+        growing_since = (growing_since if growing_since is not None else now) if j.growing else None
         if not j.leaking:
             since, confirmed = None, False
             continue
         if since is None:
             since = now
-        if confirmed or now - since < confirm_s:
+        if confirmed:
             continue
-        if books is not None and ledger is not None:
-            t0 = max(since, now - window_s)
-            mine = range(lo, i + 1)
-            bk = [books[k] for k in mine if books[k] is not None and rows[k]["t"] >= t0]
-            ld = [ledger[k] for k in mine if ledger[k] is not None and rows[k]["t"] >= t0]
-            if not_held(bk, ld, j.rss_per_s * 60 / MB, j.anon_per_s * 60 / MB, now - t0,
-                        th["leak_mb_per_min"]) is not None:
+        evidence = books is not None and ledger is not None
+        if now - since < confirm_s:
+            grows = max(j.rss_per_s, j.anon_per_s) * 60 / MB
+            if not evidence or growing_since is None or now - since < FAST_CONFIRM_S or grows < fast_mb_per_min:
+                continue
+            if held_line(grows, held_growth(*reads(max(growing_since, now - window_s))), fast_mb_per_min) is None:
+                continue
+        elif evidence:
+            if not_held(*reads(max(since, now - window_s)), j.rss_per_s * 60 / MB, j.anon_per_s * 60 / MB,
+                        now - max(since, now - window_s), th["leak_mb_per_min"]) is not None:
                 since = now  # the daemon's confirmation starts over
                 continue
         confirmed = True
@@ -185,12 +202,14 @@ def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm
     return incidents
 
 
-def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0) -> dict[str, Any]:
+def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0,
+              fast_mb_per_min: float | None = None) -> dict[str, Any]:
     """Clean and bounded series of ``split`` strung end to end (each piece after its first ``skip_s``, level
     matched at the joins: its books' memory in use and its ledger's outstanding bytes too) to >= ``hours``,
-    judged as one process with watch's defaults; and each leak of >= 10 MB/min judged alone: seconds from its
-    first leaked byte to its confirmation."""
-    from leaktrace.watch import DEFAULT_CONFIRM_S, DEFAULT_INTERVAL_S
+    judged as one process with watch's defaults (``fast_mb_per_min``: --fast-confirm-mb-per-min, if not its
+    default); and each leak of >= 10 MB/min judged alone: seconds from its first leaked byte to its
+    confirmation."""
+    from leaktrace.watch import DEFAULT_CONFIRM_S, DEFAULT_FAST_CONFIRM_MB_PER_MIN, DEFAULT_INTERVAL_S
     from leaktrace.watch.judge import thresholds
 
     interval, confirm_s = DEFAULT_INTERVAL_S, DEFAULT_CONFIRM_S
@@ -235,7 +254,8 @@ def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0) -> dict[s
         lx = next((x for x in reversed(ledger) if x is not None), None)
         held = {"in_use": None if lb is None else lb["uordblks"] + lb["hblkhd"],
                 "other": None if lx is None else lx["outstanding_bytes"]}
-    false_incidents = len(_watch(rows, interval, window_s, confirm_s, th, books, ledger)) if rows else 0
+    fast = DEFAULT_FAST_CONFIRM_MB_PER_MIN if fast_mb_per_min is None else fast_mb_per_min
+    false_incidents = len(_watch(rows, interval, window_s, confirm_s, th, books, ledger, fast)) if rows else 0
 
     truth = {int(p): g.sort_values("t") for p, g in split.truth.groupby("pid")}
     confirm: list[float] = []
@@ -251,7 +271,8 @@ def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0) -> dict[s
         t_leak = float(started["t"].iloc[0])
         ticks = _ticks(split.series(pid), interval, 0.0)
         bk, ld = _evidence(split, pid, s["kind"], ticks["t"].to_numpy(float))
-        inc = [t for t in _watch(ticks.to_dict("records"), interval, window_s, confirm_s, th, bk, ld) if t >= t_leak]
+        inc = [t for t in _watch(ticks.to_dict("records"), interval, window_s, confirm_s, th, bk, ld, fast)
+               if t >= t_leak]
         if inc:
             confirm.append(inc[0] - t_leak)
         else:

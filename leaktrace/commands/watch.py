@@ -18,8 +18,10 @@ from leaktrace.report.formats import REPORT_FORMATS
 from leaktrace.watch import (
     DEFAULT_CONFIRM_S,
     DEFAULT_DEEP_HUNT_S,
+    DEFAULT_FAST_CONFIRM_MB_PER_MIN,
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_DISK_MB,
+    FAST_CONFIRM_S,
     WatchOptions,
 )
 
@@ -60,6 +62,10 @@ def watch_dir(out: str | None) -> Path:
               help="Growth that counts as a leak (default: the hunt's verdict threshold, 1 MB/min).")
 @click.option("--confirm-s", type=float, default=DEFAULT_CONFIRM_S, show_default=True,
               help="Seconds a leak must hold before the deep hunt starts.")
+@click.option("--fast-confirm-mb-per-min", type=float, default=DEFAULT_FAST_CONFIRM_MB_PER_MIN, show_default=True,
+              help=f"A leak at least this fast is confirmed after {FAST_CONFIRM_S:.0f} s instead of --confirm-s when what the process "
+                   "holds (malloc's memory in use, the eBPF ledger's mappings) grows with it, e.g. 10 (0: never early). "
+                   "A cache filling that fast is confirmed too: more incidents on a clean node.")
 @click.option("--deep-hunt-s", type=float, default=DEFAULT_DEEP_HUNT_S, show_default=True,
               help="Length of the deep hunt (gdb stacks, heap walks, eBPF ledger) of a confirmed leak's tree.")
 @click.option("--max-disk-mb", type=float, default=DEFAULT_MAX_DISK_MB, show_default=True,
@@ -72,14 +78,14 @@ def watch_dir(out: str | None) -> Path:
 @quiet_option()
 def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float, out: str | None,
           prometheus_port: int | None, prometheus_addr: str, leak_mb_per_min: float | None, confirm_s: float,
-          deep_hunt_s: float, max_disk_mb: float, duration: float | None, no_bpf: bool, no_gdb: bool,
+          fast_confirm_mb_per_min: float, deep_hunt_s: float, max_disk_mb: float, duration: float | None, no_bpf: bool, no_gdb: bool,
           formats: tuple[str, ...], quiet: bool) -> None:
     """Watch process trees always-on, light (a /proc read per process a tick, no gdb; the eBPF ledger only of
     the processes that grow).
 
     Processes matching the selection are picked up as they start and followed until they end. A growth
-    that is a leak by the hunt's rules for --confirm-s gets a deep hunt of its tree (a normal session with
-    its reports in OUT/incidents/<UTC time>-<pid>/); a growing process that ends (OOM kill included) leaves
+    that is a leak by the hunt's rules for --confirm-s gets a deep hunt of its tree, a fast one (see
+    --fast-confirm-mb-per-min) sooner when what it holds grows with it (a normal session with its reports in OUT/incidents/<UTC time>-<pid>/); a growing process that ends (OOM kill included) leaves
     OUT/incidents/<UTC time>-<pid>-exit/. OUT/watch.json is kept current. Stops on SIGTERM or Ctrl-C
     (exit 0) or at --duration.
 
@@ -101,6 +107,8 @@ def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float,
                     ("--max-disk-mb", max_disk_mb), ("--duration", duration), ("--leak-mb-per-min", leak_mb_per_min)):
         if v is not None and not v > 0:
             raise UsageError(f"{name} must be positive")
+    if not fast_confirm_mb_per_min >= 0:
+        raise UsageError("--fast-confirm-mb-per-min must be 0 (off) or positive")
     if prometheus_port is not None and not 0 <= prometheus_port <= 65535:
         raise UsageError(f"--prometheus-port {prometheus_port} is not a port (0-65535)")
     if pids:
@@ -110,7 +118,8 @@ def watch(pids: tuple[int, ...], vllm: bool, match: str | None, interval: float,
             procfs.require_pid(pid)
     options = WatchOptions(pids=list(pids), vllm=vllm, match=match, interval=interval,
                            prometheus_port=prometheus_port, prometheus_addr=prometheus_addr,
-                           leak_mb_per_min=leak_mb_per_min, confirm_s=confirm_s, deep_hunt_s=deep_hunt_s,
+                           leak_mb_per_min=leak_mb_per_min, confirm_s=confirm_s,
+                           fast_confirm_mb_per_min=fast_confirm_mb_per_min, deep_hunt_s=deep_hunt_s,
                            max_disk_mb=max_disk_mb, duration=duration, bpf=not no_bpf, gdb=not no_gdb,
                            formats=formats)
 

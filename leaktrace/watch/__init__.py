@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 
 DEFAULT_INTERVAL_S = 10.0
 DEFAULT_CONFIRM_S = 120.0
+# --fast-confirm-mb-per-min: a leak at least this fast is confirmed once judged leaking for FAST_CONFIRM_S, when
+# what it holds grows with it (watch/books.py held_line). Off by default: a cache filling at that rate, or a
+# sawtooth's rise, holds what it grows by as a leak does, and a clean day then pages several times more
+# (docs/verdicts.md).
+DEFAULT_FAST_CONFIRM_MB_PER_MIN = 0.0
+FAST_CONFIRM_S = 20.0
 DEFAULT_DEEP_HUNT_S = 300.0
 DEFAULT_MAX_DISK_MB = 1024.0
 
@@ -30,6 +36,7 @@ class WatchOptions:
     prometheus_addr: str = "127.0.0.1"
     leak_mb_per_min: float | None = None  # None: the verdict rules' own threshold (hunt's)
     confirm_s: float = DEFAULT_CONFIRM_S
+    fast_confirm_mb_per_min: float = DEFAULT_FAST_CONFIRM_MB_PER_MIN  # 0: every leak waits confirm_s
     deep_hunt_s: float = DEFAULT_DEEP_HUNT_S
     max_disk_mb: float = DEFAULT_MAX_DISK_MB
     duration: float | None = None  # None: until SIGTERM / Ctrl-C

@@ -4,7 +4,11 @@
 malloc already holds being touched, or free memory it keeps. A churner's RSS climbs that way for minutes
 after it starts; with the books it is held back from confirmation, as the hunt calls it no leak.
 
-The books are read (leaktrace/probes/mallocstate) only while a process is judged leaking, once a tick. A
+The same reads confirm a fast leak early (``held_growth``): RSS growing at --fast-confirm-mb-per-min or more
+while what the process holds grows with it is a leak without waiting --confirm-s, as an allocator's first touch
+or free memory it keeps never makes what it holds grow.
+
+The books are read (leaktrace/probes/mallocstate) only while a process is judged growing, once a tick. A
 Python interpreter is left out (its objects live in arenas mapped outside malloc's books: the hunt's Python
 heap probe judges them), and so is a process when the eBPF ledger did not trace it over the span the books
 cover (what it maps outside the heap is then unknown), or whose malloc is not glibc's."""
@@ -30,6 +34,11 @@ from leaktrace.vllm.labels import is_python
 MB = 1024 * 1024
 # The heap's kinds in the ledger's snapshots: what malloc's books already count.
 HEAP_KINDS = ("heap",)
+# A leak growing at least --fast-confirm-mb-per-min is confirmed early (watch.FAST_CONFIRM_S) when what the process
+# holds grows at least FAST_HELD_SHARE of its RSS's rate (read FAST_MIN_READS times at least, since it was last
+# judged growing).
+FAST_HELD_SHARE = 0.5
+FAST_MIN_READS = 3
 
 
 def not_held(books: list[dict[str, Any]], ledger: list[dict[str, Any]], rss_mb_per_min: float,
@@ -54,16 +63,45 @@ def not_held(books: list[dict[str, Any]], ledger: list[dict[str, Any]], rss_mb_p
     return untouched_line(grows, live, len(rows), other)
 
 
-def other_growth(ledger: list[dict[str, Any]]) -> float:
-    """MB/min of the ledger's outstanding bytes outside malloc's heap (summed per snapshot)."""
+def other_growth(ledger: list[dict[str, Any]], heap: bool = False, min_reads: int = 3) -> float:
+    """MB/min of the ledger's outstanding bytes outside malloc's heap (``heap``: with it; summed per snapshot); 0
+    from fewer than ``min_reads`` snapshots."""
     per_t: dict[float, float] = {}
     for r in ledger:
-        if str(r["kind"]) not in HEAP_KINDS:
+        if heap or str(r["kind"]) not in HEAP_KINDS:
             per_t[float(r["t"])] = per_t.get(float(r["t"]), 0.0) + float(r["outstanding_bytes"])
-    if len(per_t) < 3:
+    if len(per_t) < min_reads:
         return 0.0
     t = np.array(sorted(per_t))
     return float(theil_sen(t, np.array([per_t[x] for x in t]))[0]) * 60.0 / MB
+
+
+def held_growth(books: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> float | None:
+    """MB/min that what a process holds grows at: malloc's memory in use that it keeps (``books``, its reads)
+    plus the eBPF ledger's mappings outside malloc's heap (``ledger``, its snapshots); without books (a Python
+    interpreter, another allocator), the ledger's mappings the heap's included. None: too few reads of
+    either."""
+    rows = sorted((r for r in books if r.get("complete", True)), key=lambda r: r["t"])
+    snaps = len({float(r["t"]) for r in ledger})
+    if len(rows) < FAST_MIN_READS and snaps < FAST_MIN_READS:
+        return None
+    grows = other_growth(ledger, heap=not rows, min_reads=FAST_MIN_READS)
+    if len(rows) >= FAST_MIN_READS:
+        t = np.fromiter((r["t"] for r in rows), dtype=float, count=len(rows))
+        in_use = np.fromiter((r["uordblks"] + r["hblkhd"] for r in rows), dtype=float, count=len(rows))
+        grows += kept_in_use(t, in_use)[0].per_s * 60.0 / MB
+    return grows
+
+
+def held_line(grows_mb_per_min: float, held_mb_per_min: float | None, fast_mb_per_min: float) -> str | None:
+    """Why a leak judged by its RSS (or anonymous memory: ``grows_mb_per_min``, the faster) is confirmed before
+    --confirm-s (None: it is not): it grows at least ``fast_mb_per_min`` and what it holds grows with it."""
+    if fast_mb_per_min <= 0 or grows_mb_per_min < fast_mb_per_min or held_mb_per_min is None:
+        return None
+    if held_mb_per_min < FAST_HELD_SHARE * grows_mb_per_min:
+        return None
+    return (f"it grows {grows_mb_per_min:.1f} MB/min and what it holds (malloc's memory in use, the eBPF "
+            f"ledger's mappings) {held_mb_per_min:.1f} MB/min")
 
 
 class HeapBooks:

@@ -25,8 +25,8 @@ from leaktrace.probes import HuntContext, HuntOptions, TargetSet
 from leaktrace.probes.exporter import WatchExporter
 from leaktrace.probes.watcher import WatcherProbe
 from leaktrace.ticking import StopFlag, tick_until_stopped
-from leaktrace.watch import WatchOptions
-from leaktrace.watch.books import HeapBooks, not_held
+from leaktrace.watch import FAST_CONFIRM_S, WatchOptions
+from leaktrace.watch.books import HeapBooks, held_growth, held_line, not_held
 from leaktrace.watch.ebpf import WatchLedger
 from leaktrace.watch.incidents import (
     Incident,
@@ -66,6 +66,7 @@ class Tracked:
     confirmed: bool = False
     grew: bool = False  # judged growing at least once: an exit leaves an incident
     last_grew: float = 0.0  # when it was last judged growing
+    growing_since: float | None = None  # the start of its current run of ticks judged growing
     held: str | None = None  # leaking by RSS, but nothing it holds grows (watch/books.py): why, not confirmed
 
 
@@ -206,6 +207,17 @@ class Watch:
         tr.grew = tr.grew or j.growing
         if j.growing:
             tr.last_grew = now
+            if tr.growing_since is None:
+                tr.growing_since = now
+        else:
+            tr.growing_since = None
+        # malloc's books judge only beside the ledger: while it leaks (held back?), while it grows when it may be
+        # confirmed early (what it held from the start of its growth)
+        may_be_early = self.options.fast_confirm_mb_per_min > 0
+        if self.bpf is not None and not tr.confirmed and (j.leaking or may_be_early and j.growing):
+            row = self.books.read(pid, now)
+            if row is not None:
+                self.ring.append("malloc_state", row)
         if not j.leaking:
             tr.leaking_since, tr.held = None, None
             return
@@ -213,19 +225,21 @@ class Watch:
             tr.leaking_since = now
             self.log(f"pid {pid} grows {max(j.rss_per_s, j.anon_per_s) * 60 / 2**20:.1f} MB/min: a leak by "
                      f"the hunt's rules; confirming for {self.options.confirm_s:.0f}s")
-        if self.bpf is not None and not tr.confirmed:  # malloc's books judge only beside the ledger
-            row = self.books.read(pid, now)
-            if row is not None:
-                self.ring.append("malloc_state", row)
-        if tr.confirmed or now - tr.leaking_since < self.options.confirm_s:
+        if tr.confirmed:
             return
-        why = self._untouched(pid, tr, now)
-        if why is not None:
-            if tr.held is None:
-                self.log(f"pid {pid}: not confirmed: {why}")
-            # confirmation starts over: growth that something it holds explains must last confirm_s of its own
-            tr.held, tr.leaking_since = why, now
-            return
+        early = None
+        if now - tr.leaking_since < self.options.confirm_s:
+            early = self._held_grows(pid, tr, now)
+            if early is None:
+                return
+        else:
+            why = self._untouched(pid, tr, now)
+            if why is not None:
+                if tr.held is None:
+                    self.log(f"pid {pid}: not confirmed: {why}")
+                # confirmation starts over: growth that something it holds explains must last confirm_s of its own
+                tr.held, tr.leaking_since = why, now
+                return
         tr.held = None
         tr.confirmed = True
         # One deep hunt per tree at a time; with --vllm a deep hunt covers every vLLM server of the host (its
@@ -233,11 +247,26 @@ class Watch:
         if any(i.root == tr.root or self.options.vllm for i in self.running):
             return
         inc = start_deep_hunt(self.out, pid, tr.root, now, self.options)
-        self.log(f"pid {pid}: leak confirmed; deep hunt of the tree of {tr.root} for "
-                 f"{self.options.deep_hunt_s:.0f}s -> {inc.path}")
+        self.log(f"pid {pid}: leak confirmed{': ' + early if early else ''}; deep hunt of the tree of {tr.root} "
+                 f"for {self.options.deep_hunt_s:.0f}s -> {inc.path}")
         self._new_incident(inc)
         if inc.proc is not None:
             self.running.append(inc)
+
+    def _held_grows(self, pid: int, tr: Tracked, now: float) -> str | None:
+        """Why a leak judged for less than --confirm-s is confirmed now (watch/books.py held_line): it grows at
+        --fast-confirm-mb-per-min or more, for FAST_CONFIRM_S, and what it holds (malloc's books, the eBPF
+        ledger, read since it was judged growing) grows with it. None: it waits --confirm-s."""
+        assert tr.leaking_since is not None
+        fast = self.options.fast_confirm_mb_per_min
+        if self.bpf is None or fast <= 0 or tr.growing_since is None or now - tr.leaking_since < FAST_CONFIRM_S:
+            return None
+        grows = max(tr.j.rss_per_s, tr.j.anon_per_s) * 60 / 2**20
+        if grows < fast:
+            return None
+        t0 = max(tr.growing_since, now - self.window_s)
+        ledger = self.ring.since("ledger_snapshots", pid, t0) if self.ledger.holds(pid) else []
+        return held_line(grows, held_growth(self.ring.since("malloc_state", pid, t0), ledger), fast)
 
     def _untouched(self, pid: int, tr: Tracked, now: float) -> str | None:
         """Why a process judged leaking by its RSS is no leak when nothing it holds grows over the span it has
@@ -344,6 +373,7 @@ class Watch:
             "updated_wall": time.time(), "running": stop_reason is None, "stop_reason": stop_reason,
             "selection": selection(self.options), "interval_s": self.options.interval, "ticks": self.ticks,
             "thresholds": {"leak_mb_per_min": self.th["leak_mb_per_min"], "confirm_s": self.options.confirm_s,
+                           "fast_confirm_mb_per_min": self.options.fast_confirm_mb_per_min,
                            "deep_hunt_s": self.options.deep_hunt_s, "max_disk_mb": self.options.max_disk_mb},
             "cpu_s": round(snap["cpu_s"], 3), "warnings": self.warnings, "ebpf": self.bpf is not None,
             "prometheus": None if self.exporter is None else {"addr": self.exporter.addr, "port": self.exporter.port},
