@@ -8,7 +8,8 @@ The same reads confirm a fast leak early (``held_growth``): RSS growing at --fas
 while what the process holds grows with it is a leak without waiting --confirm-s, as an allocator's first touch
 or free memory it keeps never makes what it holds grow.
 
-The books are read (leaktrace/probes/mallocstate) only while a process is judged growing, once a tick. A
+The books are read (leaktrace/probes/mallocstate) once a tick while a process is judged leaking, or growing
+when early confirmation is on. A
 Python interpreter is left out (its objects live in arenas mapped outside malloc's books: the hunt's Python
 heap probe judges them), and so is a process when the eBPF ledger did not trace it over the span the books
 cover (what it maps outside the heap is then unknown), or whose malloc is not glibc's."""
