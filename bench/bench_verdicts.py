@@ -100,6 +100,13 @@ def measure() -> tuple[dict[str, Any], str]:
         f"leaks >= 10 MB/min confirmed after {d['confirm_s']} s (median {d['confirm_s_median']:.0f} s; "
         f"not confirmed: {d['leaks_not_confirmed']})"
         for what, d in (("defaults", day), (f"--fast-confirm-mb-per-min {OPT_IN_FAST_MB_PER_MIN:g}", fast))))
+    alone = {what: score.watch_alone(frozen_split, fast_mb_per_min=f)
+             for what, f in (("defaults", None), (f"--fast-confirm-mb-per-min {OPT_IN_FAST_MB_PER_MIN:g}",
+                                                  OPT_IN_FAST_MB_PER_MIN))}
+    out["watch_alone"] = alone
+    text.append("Each clean and bounded recording judged alone (no joins; two tick phases): "
+                + "; ".join(f"{what}: {a['incidents']} incident(s) in {a['hours']:.2f} h of clean series, "
+                            f"{a['per_day']:.1f} a day" for what, a in alone.items()))
     text.append(f"replayed {len(df)} windows in {replay_s:.1f} s (CPU {replay_cpu:.1f} s, "
                 f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f})")
     return out, "\n\n".join(text)

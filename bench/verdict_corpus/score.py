@@ -280,3 +280,32 @@ def watch_day(split: Split, hours: float = 24.0, skip_s: float = 60.0,
     return {"hours": round(t_end / 3600, 2), "false_incidents": false_incidents,
             "confirm_s_median": float(np.median(confirm)) if confirm else math.nan,
             "confirm_s": sorted(round(c, 1) for c in confirm), "leaks_not_confirmed": missed}
+
+
+def watch_alone(split: Split, skip_s: float = 60.0, fast_mb_per_min: float | None = None) -> dict[str, Any]:
+    """Each clean and bounded recording of ``split`` judged alone as watch judges one process (after its first
+    ``skip_s``, at two tick phases), with no joins between recordings: its incidents per day of clean series.
+    The strung day (``watch_day``) runs a 300 s window across joins of different processes; this one never
+    does, and no recording outlives a few confirmations."""
+    from leaktrace.watch import DEFAULT_CONFIRM_S, DEFAULT_FAST_CONFIRM_MB_PER_MIN, DEFAULT_INTERVAL_S
+    from leaktrace.watch.judge import thresholds
+
+    interval, confirm_s = DEFAULT_INTERVAL_S, DEFAULT_CONFIRM_S
+    window_s = max(60.0, 30.0 * interval)
+    fast = DEFAULT_FAST_CONFIRM_MB_PER_MIN if fast_mb_per_min is None else fast_mb_per_min
+    th = thresholds(None)
+    seconds, incidents = 0.0, 0
+    for s in split.specs:
+        if s["label"] == "leak":
+            continue
+        ser = split.series(int(s["pid"]))
+        ser = ser[ser["t"] >= ser["t"].min() + skip_s]
+        if len(ser) <= 30:
+            continue
+        for phase in (0.0, interval / 2):
+            ticks = _ticks(ser, interval, phase)
+            bk, ld = _evidence(split, int(s["pid"]), s["kind"], ticks["t"].to_numpy(float))
+            incidents += len(_watch(ticks.to_dict("records"), interval, window_s, confirm_s, th, bk, ld, fast))
+            seconds += float(ticks["t"].iloc[-1] - ticks["t"].iloc[0])
+    return {"hours": round(seconds / 3600, 2), "incidents": incidents,
+            "per_day": round(incidents * 86400 / seconds, 1) if seconds else math.nan}
