@@ -49,7 +49,10 @@ def parse_metrics(text: str, keep: Callable[[str], bool] | None = None) -> list[
     out: list[Sample] = []
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out.append((s.name, dict(s.labels), float(s.value)))
+            # a line _kept_lines left for the parser to reject may parse into a name ``keep`` refuses
+            # ("INFINITY" reads as INFINIT = +Inf): dropped as its well-formed kin are
+            if keep is None or keep(s.name):
+                out.append((s.name, dict(s.labels), float(s.value)))
     return out
 
 
