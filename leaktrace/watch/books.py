@@ -47,15 +47,13 @@ def not_held(books: list[dict[str, Any]], ledger: list[dict[str, Any]], rss_mb_p
     """The hunt's in_use_flat rule over a span of ``span_s`` seconds: the line why the growth is no leak, or
     None. ``books``: the reads of malloc's books (``t``, ``uordblks``, ``hblkhd``, ``complete``); ``ledger``:
     the eBPF ledger's snapshots (``t``, ``kind``, ``outstanding_bytes``) over the same span."""
-    rows = sorted((r for r in books if r.get("complete", True)), key=lambda r: r["t"])
+    rows = _complete(books)
     if len(rows) < BOOKS_MIN_READS:
         return None
     grows = max(rss_mb_per_min, anon_mb_per_min)
     if grows < leak_mb_per_min or rss_mb_per_min - anon_mb_per_min >= leak_mb_per_min:
         return None  # shared or file memory grows: outside malloc's books
-    t = np.fromiter((r["t"] for r in rows), dtype=float, count=len(rows))
-    in_use = np.fromiter((r["uordblks"] + r["hblkhd"] for r in rows), dtype=float, count=len(rows))
-    live, _ = kept_in_use(t, in_use)
+    live = _kept(rows)
     if live.span_s < BOOKS_MIN_COVER * span_s or in_use_grows(live, leak_mb_per_min):
         return None
     other = other_growth(ledger)
@@ -82,16 +80,26 @@ def held_growth(books: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> fl
     plus the eBPF ledger's mappings outside malloc's heap (``ledger``, its snapshots); without books (a Python
     interpreter, another allocator), the ledger's mappings the heap's included. None: too few reads of
     either."""
-    rows = sorted((r for r in books if r.get("complete", True)), key=lambda r: r["t"])
+    rows = _complete(books)
     snaps = len({float(r["t"]) for r in ledger})
     if len(rows) < FAST_MIN_READS and snaps < FAST_MIN_READS:
         return None
     grows = other_growth(ledger, heap=not rows, min_reads=FAST_MIN_READS)
     if len(rows) >= FAST_MIN_READS:
-        t = np.fromiter((r["t"] for r in rows), dtype=float, count=len(rows))
-        in_use = np.fromiter((r["uordblks"] + r["hblkhd"] for r in rows), dtype=float, count=len(rows))
-        grows += kept_in_use(t, in_use)[0].per_s * 60.0 / MB
+        grows += _kept(rows).per_s * 60.0 / MB
     return grows
+
+
+def _complete(books: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The complete reads of malloc's books, oldest first."""
+    return sorted((r for r in books if r.get("complete", True)), key=lambda r: r["t"])
+
+
+def _kept(rows: list[dict[str, Any]]) -> Any:
+    """The rate of the memory in use the process keeps over ``rows`` (analysis/inuse.py kept_in_use)."""
+    t = np.fromiter((r["t"] for r in rows), dtype=float, count=len(rows))
+    in_use = np.fromiter((r["uordblks"] + r["hblkhd"] for r in rows), dtype=float, count=len(rows))
+    return kept_in_use(t, in_use)[0]
 
 
 def held_line(grows_mb_per_min: float, held_mb_per_min: float | None, fast_mb_per_min: float) -> str | None:
