@@ -3,6 +3,10 @@
 munmap rate, glibc's mmap threshold at 4096), one of them leaking.
 
     .venv/bin/python bench/bench_scale.py [--ns 1,4,12,24] [--hunt-s 30] [--watch-s 120] [--json F]
+    .venv/bin/python bench/bench_scale.py --ns 24 --hunt-s 60 --watch-s 0 --rounds 2 --repo /tmp/old --repo .
+
+--repo (repeatable): the checkouts to run from, alternated within each round over the same workers, for
+before/after figures from one run on a noisy machine; --watch-s 0 runs no watch.
 
 Per N: one `leaktrace hunt --pid …×N --duration HUNT_S` — attach_s, ticks late, its CPU (itself and its
 helpers, from the kernel's accounting of the child tree) as a share of one core over its wall time, its peak
@@ -56,12 +60,16 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def run_hunt(pids: list[int], seconds: float, out: Path) -> dict:
+def _env(repo: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(repo)}
+
+
+def run_hunt(pids: list[int], seconds: float, out: Path, repo: Path = REPO) -> dict:
     cpu0, t0 = _children_cpu(), time.monotonic()
     args = [a for p in pids for a in ("--pid", str(p))]
     h = subprocess.Popen([*LEAKTRACE, "hunt", *args, "--duration", str(seconds), "--no-live", "--format", "json",
                           "--out", str(out), "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         cwd=REPO)
+                         cwd=repo, env=_env(repo))
     peak = 0
     while h.poll() is None:  # the hunt's own RSS (its helpers are short-lived)
         peak = max(peak, _rss(h.pid))
@@ -71,23 +79,28 @@ def run_hunt(pids: list[int], seconds: float, out: Path) -> dict:
     if h.returncode != 0:
         raise RuntimeError(err[-2000:])
     rep = json.loads((out / "report.json").read_text())
+    meta = json.loads((out / "meta.json").read_text())
     tc = rep.get("tick_costs") or {}
+    walks = ((meta.get("probe_summaries") or {}).get("pyheap") or {}).get("walks") or {}
     leak = next((c for c in rep["culprits"] if c["pid"] == pids[0]), None)
     return {"attach_s": rep.get("attach_s"), "ticks": tc.get("ticks"), "late_ticks": tc.get("late_ticks"),
             "cpu_s": round(cpu, 2), "core_share": round(cpu / wall, 4), "wall_past_window_s": round(wall - seconds, 1),
             "peak_rss_mb": round(peak / 2**20, 1),
             "verdict": rep["verdict"], "leak_named": leak is not None,
             "leak_mb_per_min": leak and leak["mb_per_min"], "first_named_s": leak and leak.get("first_named_s"),
-            "false_culprits": sum(1 for c in rep["culprits"] if c["pid"] != pids[0])}
+            "false_culprits": sum(1 for c in rep["culprits"] if c["pid"] != pids[0]),
+            "hunt_cpu_s": tc.get("process_cpu_s"), "helpers_cpu_s": tc.get("children_cpu_s"),
+            "stop_s": tc.get("stop_s"), "walks": walks.get("count"), "walk_s": walks.get("seconds"),
+            "tick_cpu_s": {k: v.get("cpu_s") for k, v in (tc.get("probes") or {}).items()}}
 
 
-def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0) -> dict:
+def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0, repo: Path = REPO) -> dict:
     """The watch's steady CPU share and RSS, and what it made of the leaker (pids[0]): the states it passed
     through, the library its eBPF ledger named (so the RSS is that of a watch tracing a leak), and whether
     any other target was ever more than "ok" or "growing"."""
     args = [a for p in pids for a in ("--pid", str(p))]
     w = subprocess.Popen([*LEAKTRACE, "watch", *args, "--duration", str(seconds), "--out", str(out)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=repo, env=_env(repo))
     time.sleep(settle_s)  # imports and the probe's compile: not the steady cost
 
     def cpu() -> float:
@@ -127,7 +140,7 @@ def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0
 
 
 def fit(ns: list[int], ys: list[float]) -> dict:
-    if len(ns) < 2:
+    if len(set(ns)) < 2:
         return {}
     slope, icpt = np.polyfit(ns, ys, 1)
     pred = np.polyval([slope, icpt], ns)
@@ -142,35 +155,52 @@ def main() -> None:
     ap.add_argument("--hunt-s", type=float, default=30.0)
     ap.add_argument("--watch-s", type=float, default=120.0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--repo", action="append", type=Path, help="checkout to run from (repeatable)")
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
+    repos = [r.resolve() for r in (a.repo or [REPO])]
     rows = []
     for n in (int(x) for x in a.ns.split(",")):
         procs = spawn_workers(n)
         try:
-            with tempfile.TemporaryDirectory() as d:
-                h = run_hunt([p.pid for p in procs], a.hunt_s, Path(d) / "hunt")
-                w = run_watch([p.pid for p in procs], a.watch_s, Path(d) / "watch")
+            for rnd in range(a.rounds):
+                for repo in repos:
+                    with tempfile.TemporaryDirectory() as d:
+                        h = run_hunt([p.pid for p in procs], a.hunt_s, Path(d) / "hunt", repo)
+                        w = run_watch([p.pid for p in procs], a.watch_s, Path(d) / "watch", repo=repo) \
+                            if a.watch_s > 0 else None
+                    rows.append({"n": n, "repo": str(repo), "round": rnd, "hunt": h, "watch": w})
+                    print(_line(n, repo, h, w), flush=True)
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-        rows.append({"n": n, "hunt": h, "watch": w})
-        print(f"N={n:3d} hunt: attach {h['attach_s']:.2f} s, late {h['late_ticks']}/{h['ticks']}, "
-              f"{h['core_share']:.3f} core, peak RSS {h['peak_rss_mb']:.0f} MB, +{h['wall_past_window_s']} s past "
-              f"the window, leak named {h['leak_named']} at {h['first_named_s']} s, {h['false_culprits']} false "
-              f"culprit(s) | watch: {w['core_share']:.4f} core, RSS {w['rss_mb']} MB, eBPF {w['ebpf']}, leaker "
-              f"{'/'.join(w['leaker_states'])} named {w['leaker_libraries']}, {w['others_leaking']} other(s) "
-              "leaking", flush=True)
-    ns = [r["n"] for r in rows]
-    fits = {"hunt_core_share": fit(ns, [r["hunt"]["core_share"] for r in rows]),
-            "hunt_attach_s": fit(ns, [r["hunt"]["attach_s"] or 0.0 for r in rows]),
-            "watch_core_share": fit(ns, [r["watch"]["core_share"] for r in rows]),
-            "watch_rss_mb": fit(ns, [r["watch"]["rss_mb"] or 0.0 for r in rows])}
-    print("fits against N:", json.dumps(fits))
-    out = {"rows": rows, "fits": fits}
+    out: dict = {"rows": rows}
+    for repo in repos:
+        mine = [r for r in rows if r["repo"] == str(repo)]
+        ns = [r["n"] for r in mine]
+        fits = {"hunt_core_share": fit(ns, [r["hunt"]["core_share"] for r in mine]),
+                "hunt_attach_s": fit(ns, [r["hunt"]["attach_s"] or 0.0 for r in mine])}
+        if a.watch_s > 0:
+            fits |= {"watch_core_share": fit(ns, [r["watch"]["core_share"] for r in mine]),
+                     "watch_rss_mb": fit(ns, [r["watch"]["rss_mb"] or 0.0 for r in mine])}
+        print(f"fits against N ({repo}):", json.dumps(fits))
+        out.setdefault("fits", {})[str(repo)] = fits
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     print(json.dumps(out))
+
+
+def _line(n: int, repo: Path, h: dict, w: dict | None) -> str:
+    line = (f"N={n:3d} {repo.name or repo} hunt: attach {h['attach_s']:.2f} s, late {h['late_ticks']}/{h['ticks']}, "
+            f"{h['core_share']:.3f} core (hunt {h['hunt_cpu_s']} s, helpers {h['helpers_cpu_s']} s, {h['walks']} "
+            f"walks {h['walk_s']} s), peak RSS {h['peak_rss_mb']:.0f} MB, +{h['wall_past_window_s']} s past the "
+            f"window, leak named {h['leak_named']} at {h['first_named_s']} s, {h['false_culprits']} false culprit(s)")
+    if w is not None:
+        line += (f" | watch: {w['core_share']:.4f} core, RSS {w['rss_mb']} MB, eBPF {w['ebpf']}, leaker "
+                 f"{'/'.join(w['leaker_states'])} named {w['leaker_libraries']}, {w['others_leaking']} other(s) "
+                 "leaking")
+    return line
 
 
 if __name__ == "__main__":
