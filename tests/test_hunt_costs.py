@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
 from conftest import REPO
 
 from leaktrace.analysis.load import python_heap
@@ -88,7 +89,7 @@ def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
     ph = rdr.table("pyheap")
     walks = ph[ph["walk_ms"].notna()].sort_values("t")
     # walks of the targets only, each walk's frozen set the target's own (the stop walks a process the hunt did
-    # not walk only within the walks' CPU share: test_stop_walks_again_the_processes_walked_in_the_hunt)
+    # not walk only within the walks' CPU share: test_stop_walks_again_the_growing_processes_walked_in_the_hunt)
     assert len(walks) and set(walks["pid"]) <= {t.pid for t in targets}, walks[["t", "pid"]]
     assert (walks["frozen"] >= 60000).all(), walks[["t", "pid", "frozen"]]
     starts = walks["t"] - walks["walk_ms"] / 2000  # t: the middle of the walk
@@ -98,14 +99,32 @@ def test_heap_walks_after_attach_one_at_a_time(spawn, tmp_path) -> None:
     assert all(s >= e - 0.01 for s, e in zip(starts.iloc[1:], ends.iloc[:-1], strict=True)), walks[["t", "walk_ms"]]
 
 
-def test_stop_walks_again_the_processes_walked_in_the_hunt(spawn, tmp_path, monkeypatch) -> None:
+PY_GROWING = """
+import gc, time
+keep = [[i] for i in range(60000)]
+gc.freeze()
+grown = []
+print("ready", flush=True)
+while True:
+    grown.append([bytearray(65536) for _ in range(8)])  # 2 MiB/s of objects and anonymous memory
+    time.sleep(0.25)
+"""
+
+
+@pytest.mark.parametrize("growing", [True, False], ids=["growing", "flat"])
+def test_stop_walks_again_the_growing_processes_walked_in_the_hunt(spawn, tmp_path, monkeypatch, growing) -> None:
     """At stop a process walked during the hunt is walked again (its frozen set kept: the young lists only),
-    the second point its growth needs; one the hunt never walked gets its counters once the walks have had
-    their CPU share, not a first walk (one point shows no growth, and a vLLM process's frozen set is ~0.7 s
-    of CPU)."""
+    the second point its growth needs, when its memory grew; a flat one, and one the hunt never walked, get
+    their counters once the walks have had their CPU share (objects counted again where nothing grew explain
+    no growth; one point shows none, and a vLLM process's frozen set is ~0.7 s of CPU)."""
     # after the first walk the next waits minutes, and the share is spent
     monkeypatch.setattr(PyHeapProbe, "TOTAL_WALK_DUTY", 1e-4)
-    targets = [spawn([sys.executable, "-c", PY_TARGET]) for _ in range(3)]
+    first = spawn([sys.executable, "-c", PY_GROWING if growing else PY_TARGET])
+    targets = [first]
+    while len(targets) < 3:  # the hunt walks the lowest pid first: the others above it (pids wrap at pid_max)
+        other = spawn([sys.executable, "-c", PY_TARGET])
+        if other.pid > first.pid:
+            targets.append(other)
     out = tmp_path / "h"
     run_hunt([t.pid for t in targets], HuntOptions(duration=10, interval=0.5, bpf=False, gdb=False, live=False),
              out, write_reports=False)
@@ -113,12 +132,18 @@ def test_stop_walks_again_the_processes_walked_in_the_hunt(spawn, tmp_path, monk
     window_end = float(rdr.meta["attach_s"]) + 10
     ph = rdr.table("pyheap")
     walks = ph[ph["walk_ms"].notna()].sort_values("t")
-    assert walks["pid"].nunique() == 1 and len(walks) == 2, walks[["t", "pid", "walk_ms"]]
-    assert walks["t"].iloc[0] < window_end < walks["t"].iloc[1], (window_end, list(walks["t"]))
-    assert walks["frozen"].iloc[0] == walks["frozen"].iloc[1] >= 60000, walks[["t", "frozen"]]
+    assert walks["pid"].nunique() == 1 and walks["t"].iloc[0] < window_end, walks[["t", "pid", "walk_ms"]]
     walked = int(walks["pid"].iloc[0])
+    assert walked == first.pid, (walked, [t.pid for t in targets])  # the first target: walked longest ago
     heap = python_heap(rdr)
     assert heap[walked]["heap_frozen"] is True, heap[walked]
+    if growing:
+        assert len(walks) == 2 and walks["t"].iloc[1] > window_end, (window_end, list(walks["t"]))
+        assert walks["frozen"].iloc[0] == walks["frozen"].iloc[1] >= 60000, walks[["t", "frozen"]]
+    else:
+        assert len(walks) == 1, walks[["t", "pid", "walk_ms"]]
+        rows = ph[ph["pid"] == walked]
+        assert rows["t"].max() > window_end and rows["gen2_count"].notna().all(), rows  # its counters to the end
     for t in targets:
         if t.pid != walked:
             rows = ph[ph["pid"] == t.pid]
@@ -130,8 +155,6 @@ def test_stop_walks_again_the_processes_walked_in_the_hunt(spawn, tmp_path, monk
 def test_compact_smaps_parser_without_vmflags_and_on_garbage() -> None:
     """The searches by literal prefix need the VmFlags line that ends each mapping; without it (older
     kernels) the line loop gives the same mappings, and a malformed file is refused, not misread."""
-    import pytest
-
     from leaktrace import procfs
 
     text = (REPO / "tests" / "data" / "proc" / "python.smaps").read_text()

@@ -64,6 +64,7 @@ def test_ticks_not_starved_by_walks(spawn, tmp_path, monkeypatch) -> None:
     # walks back to back (at most every 1 s): the worst case for the ticks, as one long walk is
     monkeypatch.setattr(PyHeapProbe, "MIN_WALK_GAP_S", 1.0)
     monkeypatch.setattr(PyHeapProbe, "WALK_DUTY", 1.0)
+    monkeypatch.setattr(PyHeapProbe, "TOTAL_WALK_DUTY", 1.0)  # and at stop, within the share: walked again
     ticks: list[float] = []
     # a thread waking every 50 ms, as the eBPF ring's consumer does (bpf-poll; the hunt runs without eBPF
     # here: no compile under this load): how late it woke while the hunt ticked

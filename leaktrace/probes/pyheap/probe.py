@@ -26,13 +26,17 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from collections import deque
 from typing import Any
+
+import numpy as np
 
 from leaktrace import procfs
 from leaktrace.errors import LeaktraceError
 from leaktrace.probes import HuntContext, HuntOptions, ProbeBase
 from leaktrace.probes.pyheap.client import WalkerGone, WalkerProcess
 from leaktrace.probes.pyheap.interpreter import PY_LIB_RE, Interpreter, locate, read_python_heap
+from leaktrace.slope import theil_sen
 
 
 def _looks_like_python(pid: int) -> bool:
@@ -68,11 +72,17 @@ class PyHeapProbe(ProbeBase):
     # ~700k objects takes 12-20 s on 2 cores kept busy by 2 CPU hogs and a loaded machine
     # (bench_pyheap_ticklag)
     # The walks at stop, all processes together: the longest of the probes' stops, which the hunt's end waits
-    # for. Those walked during the hunt first, longest ago first: their frozen set is kept, so the walk is of
-    # the young lists, cheap, and the second point a growth needs. Then first walks, only while the walks'
-    # CPU stays within TOTAL_WALK_DUTY of the hunt so far: a first walk is one point, no growth, and on a
-    # vLLM node ~0.7 s of CPU per process for its 610-670k frozen objects. The rest get their counters.
+    # for. Those walked during the hunt, longest ago first: their frozen set is kept, so the walk is of the
+    # young lists, cheap, and the second point a growth needs. Then first walks, only while the walks' CPU
+    # stays within TOTAL_WALK_DUTY of the hunt so far: a first walk is one point, no growth, and on a vLLM
+    # node ~0.7 s of CPU per process for its 610-670k frozen objects. The rest get their counters.
     STOP_WAIT_S = 5.0
+    # ... and of those walked during the hunt, only one whose anonymous memory grew at this rate or more (the
+    # leak threshold's order; its walks may explain the growth), or while the share allows: objects counted
+    # again in a process whose memory stays flat explain no growth, and at 24 torch workers those second walks
+    # took ~0.3 s of CPU each outside the share. Growing processes are walked first.
+    STOP_REWALK_MB_PER_MIN = 1.0
+    MEMORY_POINTS = 300  # per process, the latest ticks' anonymous bytes (the watcher's rollup)
     MAX_WALKER_FAILS = 3  # walker processes that did not answer, in a row: the walks stop (counters go on)
 
     def __init__(self, options: HuntOptions) -> None:
@@ -96,6 +106,7 @@ class PyHeapProbe(ProbeBase):
         self._thread: threading.Thread | None = None
         self._located_at: dict[int, float] = {}  # pid -> when its interpreter was last looked for
         self._next_walk_at = 0.0  # monotonic: the next walk of any process (TOTAL_WALK_DUTY)
+        self._memory: dict[int, deque[tuple[float, int]]] = {}  # pid -> (t, anonymous bytes), per tick
 
     def start(self, ctx: HuntContext) -> None:
         """Nothing is read here: finding each interpreter (its maps, the ELF symbols, DWARF through gdb:
@@ -196,15 +207,16 @@ class PyHeapProbe(ProbeBase):
         if mode == "due":
             one = self._next_due(session.now())
             pids = [] if one is None else [one]
-        elif mode == "all":  # those walked longest ago first: the stop's time may not reach every one
-            pids.sort(key=lambda pid: self._walked.get(pid, (float("inf"), 0.0))[0])
+        elif mode == "all":  # growing, then walked longest ago first: the stop's time may not reach every one
+            grows = {pid: self._grows(pid) for pid in pids}
+            pids.sort(key=lambda pid: (not grows[pid], self._walked.get(pid, (float("inf"), 0.0))[0]))
         for pid in pids:
             if self.python_pids.get(pid) is False:
                 continue
             if mode == "counters" and pid not in self._where:
                 continue  # located by the probe's thread
             t0 = session.now()
-            walk = mode == "due" or (mode == "all" and (pid in self._walked or self._share_left()))
+            walk = mode == "due" or (mode == "all" and ((pid in self._walked and grows[pid]) or self._share_left()))
             if walk and not self.IN_PROCESS and self._walker_fails >= self.MAX_WALKER_FAILS:
                 if mode == "due":
                     continue
@@ -302,7 +314,27 @@ class PyHeapProbe(ProbeBase):
         self._walker_fails = 0
         return st
 
+    def _grows(self, pid: int) -> bool:
+        """``pid``'s anonymous memory grew at STOP_REWALK_MB_PER_MIN or more over the latest ticks (True when
+        fewer than 3 were read: a short hunt walks as before)."""
+        points = self._memory.get(pid)
+        if points is None or len(points) < 3:
+            return True
+        t, anon = np.array(points, dtype=float).T
+        return theil_sen(t, anon)[0] * 60.0 >= self.STOP_REWALK_MB_PER_MIN * 2**20
+
+    def _note_memory(self) -> None:
+        assert self.ctx is not None
+        rollup = self.ctx.live.rollup
+        for pid in [pid for pid in self._memory if pid not in rollup]:
+            del self._memory[pid]  # exited (the watcher publishes every live target)
+        for pid, row in rollup.items():
+            points = self._memory.setdefault(pid, deque(maxlen=self.MEMORY_POINTS))
+            if not points or row["t"] > points[-1][0]:
+                points.append((float(row["t"]), int(row.get("anon") or 0)))
+
     def tick(self, now: float) -> None:
+        self._note_memory()
         self._sample("counters")
 
     def stop(self) -> None:
