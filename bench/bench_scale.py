@@ -36,9 +36,10 @@ LEAKTRACE = [sys.executable, "-m", "leaktrace"]
 LEAK_MB_MIN = 30.0
 
 
-def spawn_workers(n: int) -> list[subprocess.Popen]:
+def spawn_workers(n: int, tensors_per_s: float) -> list[subprocess.Popen]:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "4096", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([str(VLLM_PY), str(WORKER)] + (["--leak-mb-min", str(LEAK_MB_MIN)] if i == 0 else []),
+    procs = [subprocess.Popen([str(VLLM_PY), str(WORKER), "--tensors-per-s", str(tensors_per_s)]
+                              + (["--leak-mb-min", str(LEAK_MB_MIN)] if i == 0 else []),
                               stdout=subprocess.PIPE, text=True, env=env) for i in range(n)]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
@@ -82,6 +83,7 @@ def run_hunt(pids: list[int], seconds: float, out: Path, repo: Path = REPO) -> d
     meta = json.loads((out / "meta.json").read_text())
     tc = rep.get("tick_costs") or {}
     walks = ((meta.get("probe_summaries") or {}).get("pyheap") or {}).get("walks") or {}
+    events = ((meta.get("probe_summaries") or {}).get("bpf") or {}).get("events")
     leak = next((c for c in rep["culprits"] if c["pid"] == pids[0]), None)
     return {"attach_s": rep.get("attach_s"), "ticks": tc.get("ticks"), "late_ticks": tc.get("late_ticks"),
             "cpu_s": round(cpu, 2), "core_share": round(cpu / wall, 4), "wall_past_window_s": round(wall - seconds, 1),
@@ -90,7 +92,7 @@ def run_hunt(pids: list[int], seconds: float, out: Path, repo: Path = REPO) -> d
             "leak_mb_per_min": leak and leak["mb_per_min"], "first_named_s": leak and leak.get("first_named_s"),
             "false_culprits": sum(1 for c in rep["culprits"] if c["pid"] != pids[0]),
             "hunt_cpu_s": tc.get("process_cpu_s"), "helpers_cpu_s": tc.get("children_cpu_s"),
-            "stop_s": tc.get("stop_s"), "walks": walks.get("count"), "walk_s": walks.get("seconds"),
+            "events_per_s": events and round(events / seconds), "stop_s": tc.get("stop_s"), "walks": walks.get("count"), "walk_s": walks.get("seconds"),
             "tick_cpu_s": {k: v.get("cpu_s") for k, v in (tc.get("probes") or {}).items()}}
 
 
@@ -157,11 +159,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--repo", action="append", type=Path, help="checkout to run from (repeatable)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--tensors-per-s", type=float, default=300.0,
+                    help="each worker's tensors a second, each a mmap and a munmap (300: a worker's munmap rate)")
     a = ap.parse_args()
     repos = [r.resolve() for r in (a.repo or [REPO])]
     rows = []
     for n in (int(x) for x in a.ns.split(",")):
-        procs = spawn_workers(n)
+        procs = spawn_workers(n, a.tensors_per_s)
         try:
             for rnd in range(a.rounds):
                 for repo in repos:
@@ -193,7 +197,7 @@ def main() -> None:
 
 def _line(n: int, repo: Path, h: dict, w: dict | None) -> str:
     line = (f"N={n:3d} {repo.name or repo} hunt: attach {h['attach_s']:.2f} s, late {h['late_ticks']}/{h['ticks']}, "
-            f"{h['core_share']:.3f} core (hunt {h['hunt_cpu_s']} s, helpers {h['helpers_cpu_s']} s, {h['walks']} "
+            f"{h['events_per_s']} events/s, {h['core_share']:.3f} core (hunt {h['hunt_cpu_s']} s, helpers {h['helpers_cpu_s']} s, {h['walks']} "
             f"walks {h['walk_s']} s), peak RSS {h['peak_rss_mb']:.0f} MB, +{h['wall_past_window_s']} s past the "
             f"window, leak named {h['leak_named']} at {h['first_named_s']} s, {h['false_culprits']} false culprit(s)")
     if w is not None:
