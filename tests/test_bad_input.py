@@ -58,6 +58,22 @@ def test_maps_roundtrip_hostile_paths(lines):
 
 
 @FUZZ
+@given(st.lists(maps_lines(), max_size=20), st.text(max_size=200))
+def test_mapped_inodes_as_parse_maps_reads_them(lines, noise):
+    """The inodes read in one regex pass are those of the parsed mappings, whatever the paths; a file that
+    does not parse raises ParseError in both."""
+    text = "\n".join(ln for ln, *_ in lines) + "\n"
+    assert procfs.mapped_inodes(text) == {m.inode for m in procfs.parse_maps(text) if m.inode}
+    try:
+        want = {m.inode for m in procfs.parse_maps(text + noise) if m.inode}
+    except ParseError:
+        with pytest.raises(ParseError):
+            procfs.mapped_inodes(text + noise)
+    else:
+        assert procfs.mapped_inodes(text + noise) == want
+
+
+@FUZZ
 @given(st.lists(maps_lines(), max_size=8), st.lists(st.integers(0, 10**9), max_size=8), st.text(max_size=200))
 def test_smaps_roundtrip_and_noise(lines, rss, noise):
     """smaps with hostile paths parses exactly; arbitrary garbage raises ParseError, nothing else."""

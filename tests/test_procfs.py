@@ -27,6 +27,13 @@ def test_parse_recorded_maps_and_smaps_agree():
     assert abs(sum(m.anonymous for m in smaps) - rollup["Anonymous"]) <= 0.02 * rollup["Anonymous"] + 65536
 
 
+def test_mapped_inodes_of_recorded_maps():
+    for name in ("python.maps", "leaker.maps"):
+        text = (DATA / name).read_text()
+        want = {m.inode for m in procfs.parse_maps(text) if m.inode}
+        assert want and procfs.mapped_inodes(text) == want, name
+
+
 def test_recorded_status():
     st = procfs.parse_status((DATA / "leaker.status").read_text())
     assert st["Name"] == "leaker"

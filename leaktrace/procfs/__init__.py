@@ -19,6 +19,7 @@ from leaktrace.errors import AccessDenied, NoSuchProcess, ProcessGone
 from leaktrace.procfs.parsers import (
     Mapping,
     ParseError,
+    mapped_inodes,
     parse_cmdline,
     parse_environ,
     parse_maps,
@@ -44,6 +45,7 @@ __all__ = [
     "exe_path",
     "is_alive",
     "iter_pids",
+    "mapped_inodes",
     "parse_cmdline",
     "parse_environ",
     "parse_maps",
@@ -60,6 +62,7 @@ __all__ = [
     "read_comm",
     "read_environ",
     "read_maps",
+    "read_mapped_inodes",
     "read_owner_uid",
     "read_proc_bytes",
     "read_proc_text",
@@ -122,6 +125,10 @@ def require_pid(pid: int) -> None:
 
 def read_maps(pid: int) -> list[Mapping]:
     return parse_maps(read_proc_text(pid, "maps"))
+
+
+def read_mapped_inodes(pid: int) -> set[int]:
+    return mapped_inodes(read_proc_text(pid, "maps"))
 
 
 def read_smaps(pid: int) -> list[Mapping]:

@@ -59,7 +59,7 @@ def read_held_files(pid: int, mapped_inodes: set[int] | None = None) -> list[Hel
     if not links:
         return []
     if mapped_inodes is None:
-        mapped_inodes = {m.inode for m in procfs.read_maps(pid) if m.inode}
+        mapped_inodes = procfs.read_mapped_inodes(pid)
     seen: set[int] = set()
     out: list[HeldFile] = []
     for fd, link, kind in links:

@@ -69,6 +69,24 @@ def parse_maps(text: str) -> list[Mapping]:
     return out
 
 
+# The inode column of each maps line, in one pass in C: a vLLM worker's 2,000 mappings parse to objects in ~35 ms
+# of Python, their inodes come out of this in ~3.
+_S = r"[^\S\n]"  # whitespace within a line (the maps lines are split on "\n" only)
+_MAPS_INODE_RE = re.compile(rf"^[0-9a-fA-F]+-[0-9a-fA-F]+{_S}+[-rwxsp]{{4}}{_S}+[0-9a-fA-F]+{_S}+[0-9a-fA-F]+:[0-9a-fA-F]+"
+                            rf"{_S}+(\d+)(?:{_S}[^\n]*)?$", re.M)
+
+
+def mapped_inodes(text: str) -> set[int]:
+    """The inodes /proc/PID/maps names (0, anonymous memory, left out): what :func:`parse_maps` gives as
+    ``{m.inode for m in maps if m.inode}``; a line that is not a maps line raises ParseError, as there."""
+    found = _MAPS_INODE_RE.findall(text)
+    lines = sum(1 for line in text.split("\n") if line.strip())
+    if len(found) != lines:
+        bad = next(line for line in text.split("\n") if line.strip() and not _MAPS_INODE_RE.fullmatch(line))
+        raise ParseError(f"not a maps line: {bad[:80]!r}")
+    return {int(i) for i in found} - {0}
+
+
 _SMAPS_KEY_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s+(\d+)\s*kB\s*$")
 _SMAPS_FIELDS = {
     "Rss": "rss",
