@@ -230,13 +230,15 @@ def _port_roles(procs: dict[int, dict[str, Any]], labels: dict[int, tuple[str, s
     return port_roles
 
 
-def _instance_info(inst: int, argv: list[str], port_roles: dict[int, tuple[str, str]],
-                   maps: list[procfs.Mapping], with_metrics: bool) -> dict[str, Any]:
-    """Instance-level facts from the API server (the untitled ancestor of everything in the tree)."""
-    settings = serve_settings(argv) if is_vllm_serve(argv) else {"model": None, "host": None, "port": None,
-                                                                 "port_source": None,
-                                                                 "kv_transfer_config": None}
-    env, env_src = _read_env(inst, maps)
+def _serve_settings(argv: list[str]) -> dict[str, Any]:
+    return serve_settings(argv) if is_vllm_serve(argv) else {"model": None, "host": None, "port": None,
+                                                             "port_source": None, "kv_transfer_config": None}
+
+
+def _role(inst: int, argv: list[str], settings: dict[str, Any], port_roles: dict[int, tuple[str, str]],
+          with_metrics: bool) -> tuple[str, str]:
+    """(P/D role, where it was read) of the instance rooted at ``inst`` (its API server's ``argv`` and
+    ``settings``)."""
     kv = settings.get("kv_transfer_config")
     role, role_src = "unknown", "no P/D evidence"
     port = settings.get("port")
@@ -253,6 +255,15 @@ def _instance_info(inst: int, argv: list[str], port_roles: dict[int, tuple[str, 
             role_src = "kv-transfer-config present; the proxy decides the role (no proxy found)"
     elif is_vllm_serve(argv):
         role, role_src = "both", "no kv-transfer-config: this server prefills and decodes"
+    return role, role_src
+
+
+def _instance_info(inst: int, argv: list[str], port_roles: dict[int, tuple[str, str]],
+                   maps: list[procfs.Mapping], with_metrics: bool) -> dict[str, Any]:
+    """Instance-level facts from the API server (the untitled ancestor of everything in the tree)."""
+    settings = _serve_settings(argv)
+    env, env_src = _read_env(inst, maps)
+    role, role_src = _role(inst, argv, settings, port_roles, with_metrics)
     mp = env.get("VLLM_WORKER_MULTIPROC_METHOD")
     return {
         **settings, "role": role, "role_source": role_src, "env": env, "env_source": env_src,
