@@ -219,3 +219,31 @@ def test_role_from_metrics_when_no_proxy(spawn, tmp_path) -> None:
         assert p["role"] == "decode" and "KV transfer" in p["role_source"]
     finally:
         srv.shutdown()
+
+
+def test_instance_members_as_discover_gives_them(fake_tree) -> None:
+    """The watch's look at the vLLM instances (command lines only) agrees with the full discovery on each
+    process's label, role and instance."""
+    api, _proxy = fake_tree
+    engine, worker = _tree_pids(api.pid)
+    members = disc.instance_members()
+    full = {p["pid"]: (p["label"], p["role"], p["instance"]) for p in disc.discover(with_metrics=False, ucx_state=False)
+            if p.get("instance") is not None}
+    assert members == full
+    assert {members[p] for p in (api.pid, engine, worker)} == {("api-server", "decode", api.pid),
+                                                              ("engine-core", "decode", api.pid),
+                                                              ("worker", "decode", api.pid)}
+
+
+def test_watch_vllm_follows_the_instance_with_its_labels(fake_tree, tmp_path) -> None:
+    """`watch --vllm` follows each instance's tree, every process with its label, role and instance."""
+    api, _proxy = fake_tree
+    engine, worker = _tree_pids(api.pid)
+    out = tmp_path / "w"
+    r = run_cli("watch", "--vllm", "--duration", "4", "--interval", "1", "--no-bpf", "--out", out)
+    assert r.returncode == 0, r.stderr
+    targets = {t["pid"]: t for t in json.loads((out / "watch.json").read_text())["targets"]}
+    got = {pid: (targets[pid]["label"], targets[pid]["role"], targets[pid]["instance"])
+           for pid in (api.pid, engine, worker) if pid in targets}
+    assert got == {api.pid: ("api-server", "decode", str(api.pid)), engine: ("engine-core", "decode", str(api.pid)),
+                   worker: ("worker", "decode", str(api.pid))}, (got, r.stderr[-2000:])

@@ -170,6 +170,22 @@ def discover(pids: list[int] | None = None, with_metrics: bool = True, all_proce
             for pid in sorted(wanted) if pid in procs]
 
 
+def instance_members() -> dict[int, tuple[str, str, int]]:
+    """pid -> (label, P/D role, instance) of every process in a vLLM instance, from command lines alone:
+    what :func:`discover` gives them with ``with_metrics=False``, without its reads of every process's maps
+    (libraries), environment and UCX settings. For a caller that looks again every few seconds (the watch:
+    on a node serving a P/D pair those reads took most of its CPU)."""
+    procs, kids = _scan()
+    labels = {pid: _label(p) for pid, p in procs.items()}
+    instance_of = _instances(procs, kids, labels)
+    port_roles = _port_roles(procs, labels)
+    roles = {}
+    for inst in set(instance_of.values()):
+        argv = procs[inst]["argv"]
+        roles[inst] = _role(inst, argv, _serve_settings(argv), port_roles, with_metrics=False)[0]
+    return {pid: (labels[pid][0], roles[inst], inst) for pid, inst in instance_of.items()}
+
+
 class _MapsCache:
     """Each process's maps, read once per discovery (an unreadable one reads as no mapping)."""
 

@@ -50,17 +50,13 @@ class Selector:
         return sorted(set(found))
 
     def _vllm(self) -> list[int]:
-        from leaktrace.vllm.discover import discover
+        from leaktrace.vllm.discover import instance_members
 
         roots = []
-        for p in discover(with_metrics=False, ucx_state=False):
-            inst = p.get("instance")
-            if inst is None:
-                continue
-            self.info[int(p["pid"])] = Info(str(p.get("label") or "other"), str(p.get("role") or "unknown"),
-                                            str(inst))
-            if int(p["pid"]) == int(inst):
-                roots.append(int(p["pid"]))
+        for pid, (label, role, inst) in instance_members().items():
+            self.info[pid] = Info(label or "other", role or "unknown", str(inst))
+            if pid == inst:
+                roots.append(pid)
         return roots
 
     def _same(self, pid: int) -> bool:
