@@ -163,7 +163,9 @@ class AddressSpace:
             if e > b:
                 keep.append((b, e, k, t))
             j += 1
-        if j > i:
+        if j > i and not keep:  # whole intervals unmapped: most munmaps of a churner
+            del starts[i:j], ends[i:j], oids[i:j], born[i:j]
+        elif j > i:
             starts[i:j] = array("Q", [r[0] for r in keep])
             ends[i:j] = array("Q", [r[1] for r in keep])
             oids[i:j] = array("I", [r[2] for r in keep])

@@ -78,9 +78,11 @@ class OutstandingLedger:
         self._forget_segments(pid, start, start + page_up(length))
         self.space(pid).insert(start, start + page_up(length), origin)
 
-    def munmap(self, pid: int, start: int, length: int) -> list[Interval]:
+    def munmap(self, pid: int, start: int, length: int) -> None:
+        # cut, not remove: what it unmapped is not wanted here, and remove builds an Interval and an Origin for
+        # each piece (a churner's every munmap)
         self._forget_segments(pid, start, start + page_up(length))
-        return self.space(pid).remove(start, start + page_up(length))
+        self.space(pid).cut(start, start + page_up(length))
 
     def shmat(self, pid: int, start: int, length: int, origin: Origin) -> None:
         """A SysV segment of ``length`` bytes attached at ``start``: mapped like an mmap (SHM_REMAP replaces
