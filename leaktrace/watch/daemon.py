@@ -7,8 +7,6 @@ and reports are written)."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import resource
 import threading
@@ -38,6 +36,7 @@ from leaktrace.watch.incidents import (
 )
 from leaktrace.watch.judge import Judgement, judge, thresholds
 from leaktrace.watch.kmsg import oom_killed
+from leaktrace.watch.mallopt import fix_mmap_threshold
 from leaktrace.watch.outstanding import outstanding_by_library
 from leaktrace.watch.ring import RingSession
 from leaktrace.watch.suspect import suspect
@@ -48,12 +47,6 @@ WATCH_SCHEMA = "leaktrace.watch/1"
 MAX_INCIDENTS_LISTED = 100  # watch.json and memory: the newest incidents (all stay on disk, up to the bound)
 MAX_EXITED_LISTED = 50
 DISK_CHECK_EVERY_S = 60.0
-# glibc's malloc raises its mmap threshold (to 32 MiB) after a large block is freed, and its trim threshold with
-# it: the transient buffers of a process's first reads (smaps of thousands of mappings, a library's symbol
-# tables) then stay in the heap, free, for the life of the daemon (~60 MB once a torch worker is traced). A
-# fixed threshold keeps blocks from 128 KiB up in their own mappings, returned when freed.
-MMAP_THRESHOLD = 128 << 10
-M_MMAP_THRESHOLD = -3  # malloc.h
 
 
 @dataclass
@@ -109,7 +102,7 @@ class Watch:
         if stop is not None:
             flag.join(stop)
         reason = "deadline"
-        _fix_mmap_threshold()
+        fix_mmap_threshold()
         try:
             if self.options.prometheus_port is not None:
                 self.exporter = WatchExporter(self.options.prometheus_port, self.options.prometheus_addr,
@@ -391,8 +384,3 @@ class Watch:
             atomic_write_text(self.out / WATCH_JSON, json.dumps(doc, indent=1, default=str))
         except OSError as e:
             self.log(f"warning: cannot write {self.out / WATCH_JSON}: {e}")
-
-
-def _fix_mmap_threshold() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
