@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from leaktrace.analysis.drift import rate_trend, staircase
+from leaktrace.analysis.drift import poisson_bounds, rate_trend, staircase
 from leaktrace.analysis.growth import rate
 
 MB = 1024 * 1024
@@ -51,6 +51,26 @@ def test_batches_are_rated_a_batch_per_period():
     assert abs(st.rate_per_s * 60 / MB - batch / period * 60) < 0.05 * batch / period * 60
     r = rate(t, y, warmup_s=0.0)
     assert not r.step and r.estimator == "staircase" and r.confidence > 0.9
+
+
+def test_three_like_batches_in_a_minute_clear_the_leak_rate():
+    """A 50 MB/min leak in 19.5 MB batches: three of them in a minute, flat between. The line's residuals
+    read the flat stretches as noise and put the rate's lower bound below zero; counted as batches (three
+    seen: a Poisson count of at least 0.82 at 95%) it clears the leak rate by far, and its upper bound holds
+    the rate."""
+    t = np.arange(0.0, 60.0)
+    y = (2.0 + 19.5 * np.floor((t + 20.0) / 23.4)) * MB
+    r = rate(t, y, warmup_s=0.0)
+    assert r.estimator == "staircase" and not r.step
+    assert r.lower_mb_per_min > 10.0, r
+    assert r.lower_mb_per_min < r.mb_per_min < r.upper_per_s * 60 / MB
+
+
+def test_poisson_bounds_of_a_count():
+    # the exact one-sided 95% bounds of a Poisson mean from one count (tabulated: Garwood's intervals)
+    for k, lo, hi in ((0, 0.0, 2.996), (1, 0.0513, 4.744), (3, 0.8177, 7.754), (10, 5.425, 16.962)):
+        got = poisson_bounds(k, 0.05)
+        assert abs(got[0] - lo) < 1e-3 and abs(got[1] - hi) < 1e-3, (k, got)
 
 
 def test_one_batch_is_a_step_and_a_walk_no_staircase():

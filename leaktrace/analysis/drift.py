@@ -10,6 +10,7 @@ of that fit's slope, the scatter of the segments about the line setting the erro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +66,9 @@ STAIR_SIZE_RATIO = 4.0
 # threshold. A steady line of a few samples has every increment near 1/n of its range, on either side of the
 # threshold by a rounding: not a staircase (its rate would count only the increments that came out above).
 STAIR_FLAT_SHARE = 0.5
+# A staircase of fewer jumps than this has its rate's interval from the count of its batches (exact Poisson
+# bounds), not from the series' noise: a count this small is no normal variable.
+STAIR_EXACT_BELOW = 5
 
 
 @dataclass
@@ -72,6 +76,43 @@ class Staircase:
     jumps: int
     rate_per_s: float  # the jumps after the first, over the time from the first jump to the last
     confidence: float  # of sample pairs at least one jump period apart, the share that rose
+    batch: float = 0.0  # the mean jump (units)
+
+    def interval(self, span_s: float, p: float) -> tuple[float, float]:
+        """The rate's (lower, upper) bounds (units per second) at one-sided level ``p`` each, over a window of
+        ``span_s`` seconds: the count of batches in it as a Poisson count (its exact bounds for the jumps
+        seen), each the mean batch. For the few batches of STAIR_EXACT_BELOW, where a normal approximation of
+        the count fails: a line's residuals read the flat stretches and the jumps as noise about the slope,
+        and three like batches as no evidence at all."""
+        if span_s <= 0:
+            return -np.inf, np.inf
+        lo, hi = poisson_bounds(self.jumps, p)
+        return lo * self.batch / span_s, hi * self.batch / span_s
+
+
+def _poisson_cdf(k: int, mean: float) -> float:
+    """P(X <= k) for X ~ Poisson(mean)."""
+    term = total = math.exp(-mean)
+    for i in range(1, k + 1):
+        term *= mean / i
+        total += term
+    return total
+
+
+def poisson_bounds(k: int, p: float) -> tuple[float, float]:
+    """The exact one-sided bounds of a Poisson mean from one count ``k``: the lower, a mean under which
+    ``k`` or more would be seen with probability ``p``; the upper, one under which ``k`` or fewer would."""
+
+    def solve(f, target: float) -> float:  # f rises with the mean from 0
+        a, b = 0.0, 4.0 * k + 10.0
+        for _ in range(60):
+            m = (a + b) / 2
+            a, b = (m, b) if f(m) < target else (a, m)
+        return (a + b) / 2
+
+    lower = 0.0 if k <= 0 else solve(lambda m: 1.0 - _poisson_cdf(k - 1, m), p)
+    upper = solve(lambda m: 1.0 - _poisson_cdf(k, m), 1.0 - p)
+    return lower, upper
 
 
 def staircase(t: np.ndarray, y: np.ndarray) -> Staircase | None:
@@ -106,4 +147,4 @@ def staircase(t: np.ndarray, y: np.ndarray) -> Staircase | None:
     i, j = np.triu_indices(len(t), k=1)
     far = (t[j] - t[i]) >= period
     conf = float(np.mean(y[j][far] > y[i][far])) if far.any() else 0.0
-    return Staircase(len(up), rate, conf)
+    return Staircase(len(up), rate, conf, float(d[up].mean()))

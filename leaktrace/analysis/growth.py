@@ -53,13 +53,14 @@ A slow warm-up on a leak may read as decelerating: inconclusive, never no-leak; 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from leaktrace.analysis.drift import rate_trend, staircase
+from leaktrace.analysis.drift import STAIR_EXACT_BELOW, rate_trend, staircase
 from leaktrace.analysis.series import INTERVAL_Z, Stop, bursty_rate, growth_stop, is_step, rate_interval
 from leaktrace.slope import theil_sen
 
@@ -298,7 +299,10 @@ def rate(t: ArrayLike, y: ArrayLike, warmup_s: float | None = None,
         slope, conf, estimator = stair.rate_per_s, stair.confidence, "staircase"
     elif mean is not None:
         slope, estimator = mean, "mean-increment"
-    lower, upper = rate_interval(t[fit], y[fit], slope) if fit.sum() >= 2 else (-np.inf, np.inf)
+    if estimator == "staircase" and stair is not None and stair.jumps < STAIR_EXACT_BELOW:  # batches counted
+        lower, upper = stair.interval(float(t[-1] - t[0]), 0.5 * math.erfc(INTERVAL_Z / math.sqrt(2)))
+    else:
+        lower, upper = rate_interval(t[fit], y[fit], slope) if fit.sum() >= 2 else (-np.inf, np.inf)
     stop = growth_stop(t, y, work) if not step else None
     return Rate(slope, conf, len(t), float(t[-1] - t[0]) if len(t) else 0.0, step, jump,
                 float(y[-1] - y[0]) if len(y) else 0.0, shape, lower, upper, stop, estimator)
