@@ -125,6 +125,9 @@ def test_rule_stack_is_matched_from_the_calling_library_outward(rules, tmp_path)
      "cuda-host-alloc", "malloc-heap"),
     (dict(kind="native-mmap", library="libpython3.11.so.1.0", stack=[]), "python-interpreter-mmap", "python-heap"),
     (dict(kind="python-heap", library=None, stack=[], cls="python"), "python-level", "python-heap"),
+    # the heap walks said the objects do not explain it: native memory, whoever crossed malloc's top
+    (dict(kind="malloc-heap", library="libpython3.11.so.1.0", stack=["libpython3.11.so.1.0!_PyObject_Malloc+0x78"],
+          extra={"python_objects_explain": False}), "python-process-native-heap", "malloc-heap"),
     (dict(kind="shm", library=None, stack=[], cls="shm", paths=["/dev/shm/psm_1a2b3c4d", "/dev/shm/psm_99aa00ff"]),
      "shm-accumulating", "shm"),
     (dict(kind="malloc-heap", library=None, stack=[], cls="arena"), "glibc-malloc", "malloc-heap"),

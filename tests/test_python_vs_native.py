@@ -241,3 +241,42 @@ def test_fold_keeps_candidates_that_name_another_library():
     assert py.extra["folded"] == [{"kind": "malloc-heap", "library": "libc.so.6", "source": "ledger",
                                    "mb_per_min": 58.0}]
     assert any("not a separate leak" in e for e in py.evidence)
+
+
+def test_heap_grown_by_the_interpreter_while_objects_stay_flat_is_native(tmp_path):
+    """A ctypes library mallocs and keeps while Python churns a bounded dict: the dict's resizes cross malloc's
+    top, so the heap's growth is the interpreter's allocator's call, yet the walks count no more objects. Not
+    "Python objects, native layer innocent": native memory, and the evidence says so."""
+    from leaktrace.analysis.candidates import Candidate
+    from leaktrace.analysis.culprits import explain
+    from leaktrace.analysis.pyobjects import fold_native
+    from leaktrace.analysis.rules import load_rules
+
+    heap = Candidate(kind="malloc-heap", pid=7, mb_per_min=18.0, source="ledger", library="libpython3.11.so.1.0",
+                     stack=["libc.so.6!brk+0x7", "libc.so.6!malloc+0x19a", "libpython3.11.so.1.0!_PyObject_Malloc+0x78"],
+                     python=True)
+    flat = {**_tg(0.0), "types": []}
+    (kept,) = fold_native([], [heap], {7: flat})
+    out = explain(kept, load_rules(), _EmptyReader())
+    assert (out["rule"], out["kind"]) == ("python-process-native-heap", "malloc-heap"), out
+    assert "Native layer innocent" not in out["remedy"] and "native" in out["finding"]
+    assert any("Python objects do not explain it" in e for e in out["evidence"])
+    # without walks that say so, the interpreter's allocator is taken at its word
+    bare = Candidate(kind="malloc-heap", pid=8, mb_per_min=18.0, source="ledger", library="libpython3.11.so.1.0",
+                     stack=list(heap.stack), python=True)
+    assert explain(bare, load_rules(), _EmptyReader())["rule"] == "python-interpreter-mmap"
+
+
+class _EmptyReader:
+    """A session with no tables: what explain() may read beside the candidate."""
+
+    meta: dict = {}
+
+    def table(self, name: str):
+        import pandas as pd
+
+        return pd.DataFrame()
+
+    def tables(self) -> list[str]:
+        return []
+

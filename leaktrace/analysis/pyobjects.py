@@ -136,6 +136,7 @@ def fold_native(python: list[Any], others: list[Any], types: dict[int, dict[str,
         if py is None or c.kind not in ("malloc-heap", "native-mmap", "other") or names_other_library(c):
             tg = types.get(c.pid)
             if py is None and tg is not None and c.python:
+                c.extra["python_objects_explain"] = False
                 c.evidence.append(f"Python objects do not explain it: {tg['objects_per_min']:+,.0f} objects/min "
                                   f"in the GC lists ({tg['objects_first']:,} → {tg['objects_last']:,} over "
                                   f"{tg['window_s'][1] - tg['window_s'][0]:.0f} s): native memory")

@@ -38,11 +38,14 @@ class Rule:
             and bool(self._res["library"].search(c.library or ""))
 
     def _prereq(self, c: Candidate) -> bool:
-        """The match's conditions besides its patterns (kind, memory class, Python target): all must hold."""
+        """The match's conditions besides its patterns (kind, memory class, Python target, what the Python heap's
+        walks say): all must hold."""
         m = self.match
         if "kind" in m and c.kind not in m["kind"]:
             return False
         if "cls" in m and c.cls not in m["cls"]:
+            return False
+        if m.get("python_objects_may_explain") and c.extra.get("python_objects_explain") is False:
             return False
         return not (m.get("python") and not c.python)
 
