@@ -89,7 +89,11 @@ class WindowReader:
             return _empty(name).copy()
         if "t" in df.columns:  # sorted by t when loaded
             t = df["t"].to_numpy()
-            return df.iloc[np.searchsorted(t, self.a, "left"):np.searchsorted(t, self.b, "right")]
+            inside = df.iloc[np.searchsorted(t, self.a, "left"):np.searchsorted(t, self.b, "right")]
+            if name == "processes":  # a hunt sees its targets at attach: the window's start
+                seen = df[(df["t"] < self.a) & (df["event"] == "seen")].assign(t=self.a)
+                return pd.concat([seen, inside], ignore_index=True) if len(seen) else inside
+            return inside
         if name == "ledger_regions":  # held at the stop: those born by the window's end, born before it: preexisting
             df = df[df["t_born"].isna() | (df["t_born"] <= self.b)].copy()
             df["preexisting"] = df["preexisting"].astype(bool) | (df["t_born"] < self.a)
