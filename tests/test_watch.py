@@ -341,3 +341,28 @@ def test_watch_holds_back_rss_that_nothing_held_explains(tmp_path, spawn, retain
     assert held and "nothing it holds does" in held[-1], (toucher_states, stderr[-3000:])
     assert "confirmed" not in toucher_states and "leaking" in toucher_states, toucher_states
     assert f"pid {toucher.pid}: not confirmed: RSS grows" in stderr, stderr[-3000:]
+
+
+def test_confirmation_needs_a_leak_over_its_own_stretch():
+    """A cache that started filling two minutes into the window, filled at 16 MB/min for two minutes and has
+    held still for the last minute: over the 300 s window the watch judges, the flat start is as long a pause
+    as the flat end, so no stop shows and it reads a leak; the stretch under confirmation (the last two
+    minutes: a minute of growth, a minute flat) is no leak. A steady leak reads one over both."""
+    import numpy as np
+
+    from leaktrace.watch.judge import judge, leaks_through, thresholds
+
+    th = thresholds(None)
+    rnd = np.random.default_rng(7)
+    t = np.arange(0.0, 301.0, 10.0)  # watch's ticks
+
+    def rows(level: np.ndarray) -> list[dict]:
+        y = 200 * 2**20 + level + rnd.normal(0, 0.02 * 2**20, len(t))
+        return [{"t": float(a), "pid": 1, "rss": float(b), "anon": float(b), "uss": float(b), "pss": float(b)}
+                for a, b in zip(t, y, strict=True)]
+
+    cache = rows(np.clip(t - 120.0, 0.0, 120.0) * 16.0 / 60.0 * 2**20)
+    leak = rows(t * 16.0 / 60.0 * 2**20)
+    assert judge(cache, th).leaking, "the window alone calls the filled cache a leak"
+    assert not leaks_through(cache, 180.0, th)
+    assert judge(leak, th).leaking and leaks_through(leak, 180.0, th)

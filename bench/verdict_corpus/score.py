@@ -159,7 +159,7 @@ def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm
     nothing the process holds explains and its early confirmation (watch/books.py)."""
     from leaktrace.watch import FAST_CONFIRM_S
     from leaktrace.watch.books import held_growth, held_line, not_held
-    from leaktrace.watch.judge import judge
+    from leaktrace.watch.judge import judge, leaks_through
 
     def reads(t0: float) -> tuple[list, list]:
         assert books is not None and ledger is not None
@@ -192,6 +192,9 @@ def _watch(rows: list[dict[str, Any]], interval: float, window_s: float, confirm
                 continue
             if held_line(grows, held_growth(*reads(max(growing_since, now - window_s))), fast_mb_per_min) is None:
                 continue
+        elif not leaks_through(rows[lo:i + 1], since, th):
+            since = now  # the daemon's confirmation starts over
+            continue
         elif evidence:
             if not_held(*reads(max(since, now - window_s)), j.rss_per_s * 60 / MB, j.anon_per_s * 60 / MB,
                         now - max(since, now - window_s), th["leak_mb_per_min"]) is not None:

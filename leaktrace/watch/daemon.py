@@ -34,7 +34,7 @@ from leaktrace.watch.incidents import (
     stop_deep_hunt,
     write_exit_incident,
 )
-from leaktrace.watch.judge import Judgement, judge, thresholds
+from leaktrace.watch.judge import Judgement, judge, leaks_through, thresholds
 from leaktrace.watch.kmsg import oom_killed
 from leaktrace.watch.mallopt import fix_mmap_threshold
 from leaktrace.watch.outstanding import outstanding_by_library
@@ -226,6 +226,11 @@ class Watch:
             if early is None:
                 return
         else:
+            if not leaks_through(rows, tr.leaking_since, self.th):
+                self.log(f"pid {pid}: not confirmed: no leak over the {now - tr.leaking_since:.0f}s it was "
+                         "judged leaking (its growth stopped or slowed); confirming again")
+                tr.held, tr.leaking_since = None, now
+                return
             why = self._untouched(pid, tr, now)
             if why is not None:
                 if tr.held is None:

@@ -65,3 +65,10 @@ def judge(rows: list[dict[str, Any]], th: dict[str, float]) -> Judgement:
     j.leaking = bool(is_leaking(row, th))
     j.growing = j.leaking or bool(is_doubtful(row, th))
     return j
+
+
+def leaks_through(rows: list[dict[str, Any]], since: float, th: dict[str, float]) -> bool:
+    """Whether the growth judged leaking since ``since`` is a leak by the hunt's rules over that stretch alone.
+    The window a leak is judged over (300 s by default) outlasts --confirm-s: a cache that filled through most
+    of it and stopped keeps the window's judgement leaking while the stretch under confirmation is flat."""
+    return judge([r for r in rows if r["t"] >= since], th).leaking
