@@ -66,6 +66,10 @@ STAIR_SIZE_RATIO = 4.0
 # threshold. A steady line of a few samples has every increment near 1/n of its range, on either side of the
 # threshold by a rounding: not a staircase (its rate would count only the increments that came out above).
 STAIR_FLAT_SHARE = 0.5
+# Each batch stays: after a jump the series never falls back below its level before it plus this share of
+# the jump. Temporaries that come and go in like lumps (a server's requests) jump as high and fall back in a
+# few smaller steps, none of them a jump down.
+STAIR_KEEP_SHARE = 0.5
 # A staircase of fewer jumps than this has its rate's interval from the count of its batches (exact Poisson
 # bounds), not from the series' noise: a count this small is no normal variable.
 STAIR_EXACT_BELOW = 5
@@ -116,10 +120,10 @@ def poisson_bounds(k: int, p: float) -> tuple[float, float]:
 
 
 def staircase(t: np.ndarray, y: np.ndarray) -> Staircase | None:
-    """A series that grows in repeated jumps of like size with flat stretches between, and never falls by
-    one: one jump is an allocation, several of them a leak in batches. Its rate is a batch per period
-    between batches, not the window's mean slope (which counts whole batches in a window that holds a
-    fraction of a period more or less). None for anything else."""
+    """A series that grows in repeated jumps of like size with flat stretches between, never falls by one and
+    never falls back from one (STAIR_KEEP_SHARE): one jump is an allocation, several of them a leak in
+    batches. Its rate is a batch per period between batches, not the window's mean slope (which counts whole
+    batches in a window that holds a fraction of a period more or less). None for anything else."""
     t = np.asarray(t, dtype=float)
     y = np.asarray(y, dtype=float)
     if len(t) < 6 or t[-1] <= t[0]:
@@ -138,6 +142,8 @@ def staircase(t: np.ndarray, y: np.ndarray) -> Staircase | None:
     if (len(up) < STAIR_MIN_JUMPS or np.any(d <= -thr) or rise <= 0
             or float(d[up].sum()) < STAIR_RISE_SHARE * rise
             or float(d[up].max()) > STAIR_SIZE_RATIO * float(d[up].min())):
+        return None
+    if any(float(y[u + 1:].min()) < float(y[u]) + STAIR_KEEP_SHARE * float(d[u]) for u in up):
         return None
     t_jump = t[up + 1]
     period = float(t_jump[-1] - t_jump[0]) / (len(up) - 1)
