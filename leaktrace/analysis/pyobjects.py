@@ -136,7 +136,10 @@ def fold_native(python: list[Any], others: list[Any], types: dict[int, dict[str,
         if py is None or c.kind not in ("malloc-heap", "native-mmap", "other") or names_other_library(c):
             tg = types.get(c.pid)
             if py is None and tg is not None and c.python:
-                c.extra["python_objects_explain"] = False
+                # malloc's heap grows by whichever allocation crosses its top: there a flat count of objects
+                # says the memory is native (pymalloc's arenas hold only objects, counted by the GC or not)
+                if c.kind == "malloc-heap" and not explains(tg, c.mb_per_min):
+                    c.extra["python_objects_explain"] = False
                 c.evidence.append(f"Python objects do not explain it: {tg['objects_per_min']:+,.0f} objects/min "
                                   f"in the GC lists ({tg['objects_first']:,} → {tg['objects_last']:,} over "
                                   f"{tg['window_s'][1] - tg['window_s'][0]:.0f} s): native memory")
