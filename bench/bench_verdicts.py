@@ -3,8 +3,9 @@
 detection by leak-rate band, library right, rate error, each with its 95% interval; the reliability of the
 confidence; and a day of clean serving replayed through watch's judging.
 
-`python -m bench verdicts [--json]`: with --json the last line is the contract's JSON object
-(DESIGN.md "Verdict corpus")."""
+`python -m bench verdicts [--json] [--fit-calibration]`: with --json the last line is the contract's JSON
+object (DESIGN.md "Verdict corpus"); --fit-calibration first refits the verdict's confidence table on the
+tuning split (leaktrace/analysis/calibration.py)."""
 
 from __future__ import annotations
 
@@ -126,7 +127,16 @@ def _finite(x: Any) -> Any:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true", help="end with the contract's JSON object")
+    ap.add_argument("--fit-calibration", action="store_true",
+                    help="fit the verdict's confidence table on the tuning split only and write it to "
+                         "leaktrace/analysis/calibration.toml (then measure as usual)")
     a = ap.parse_args()
+    if a.fit_calibration:
+        from bench.verdict_corpus.calibrate import fit, toml_text
+        from leaktrace.analysis.calibration import CALIBRATION_FILE
+
+        CALIBRATION_FILE.write_text(toml_text(fit(replay_all(("tuning",), workers=1))))
+        print(f"wrote {CALIBRATION_FILE} (fitted on the tuning split)", flush=True)
     out, text = measure()
     print(text, flush=True)
     if a.json:

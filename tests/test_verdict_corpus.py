@@ -74,3 +74,35 @@ def test_watch_day_does_not_regress(frozen):
     assert day["false_incidents"] <= want["false_incidents"]
     assert day["leaks_not_confirmed"] <= want["leaks_not_confirmed"]
     assert day["confirm_s_median"] <= want["confirm_s_median"] + 0.1
+
+
+def test_sure_leak_calls_are_leaks(frozen):
+    """The report's confidence means what the corpus measured (DESIGN.md): of the frozen split's windows called
+    a leak with confidence >= 0.9, the share that are leaks is at least the one docs/verdicts.md states."""
+    _, df = frozen
+    sure = df[df["called"] & (df["confidence"] >= 0.9)]
+    assert len(sure) >= 20
+    assert float((sure["label"] == "leak").mean()) >= _bounds()["sure_leak_share"] - EPS
+
+
+def test_confidence_table_is_the_tuning_splits():
+    """leaktrace/analysis/calibration.toml is what `python -m bench verdicts --fit-calibration` fits on the tuning
+    split with the current rules: a rule change that moves a verdict must refit it (never on the frozen split)."""
+    from bench.verdict_corpus.calibrate import fit
+    from bench.verdict_corpus.windows import replay_all
+    from leaktrace.analysis.calibration import _table
+
+    fitted = fit(replay_all(("tuning",), workers=1))
+    table = _table()
+    for name, v in fitted.items():
+        assert table[name] == (v["span_s"], v["p"]), (name, table[name], v)
+
+
+def test_confidence_interpolates_in_log_span():
+    from leaktrace.analysis.calibration import interpolate, leak_probability
+
+    assert interpolate([30.0, 60.0], [0.6, 0.9], 30.0 * 2 ** 0.5) == pytest.approx(0.75)
+    assert interpolate([30.0, 60.0], [0.6, 0.9], 5.0) == 0.6 and interpolate([30.0, 60.0], [0.6, 0.9], 900.0) == 0.9
+    called = [leak_probability(True, s) for s in (10, 30, 45, 60, 90, 300, 3600)]
+    assert called == sorted(called) and all(0.0 < p < 1.0 for p in called)
+

@@ -180,7 +180,7 @@ def cut(split: Split, lengths: tuple[int, ...] = LENGTHS) -> Iterator[Window]:
 
 def replay(split: Split, w: Window) -> dict[str, Any]:
     """The analysis's answer on one window: verdict, the culprit of the leak library (else the first), the
-    process's confidence."""
+    report's confidence (and the process's slope confidence, the largest of its RSS's and anonymous memory's)."""
     from leaktrace.analysis.summary import build_report
 
     rep = build_report(WindowReader(split, w.pid, w.a, w.b), with_first_named=False)
@@ -195,7 +195,8 @@ def replay(split: Split, w: Window) -> dict[str, Any]:
             "library": top.get("library") if top else None,
             "library_right": bool(top and top.get("library") == LEAK_LIBRARY),
             "mb_per_min": float(pick["mb_per_min"]) if pick else None,
-            "confidence": max(float(proc.get("rss_confidence", 0.0)), float(proc.get("anon_confidence", 0.0))),
+            "confidence": float(rep["confidence"]),
+            "slope_confidence": max(float(proc.get("rss_confidence", 0.0)), float(proc.get("anon_confidence", 0.0))),
             "reason": rep["verdict_reason"][:200]}
 
 

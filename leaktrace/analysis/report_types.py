@@ -112,6 +112,7 @@ class _ReportRequired(TypedDict):
 
 class Report(_ReportRequired, total=False):
     verdict_reason: str
+    confidence: float  # P(the judged growth is a leak | verdict, seconds observed): analysis/calibration.py
     attach_s: float | None
     probe_attach_s: dict[str, float]
     stop_reason: str

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from leaktrace.analysis import load
+from leaktrace.analysis.calibration import leak_probability
 from leaktrace.analysis.candidates import THRESHOLDS, plateau_evidence, process_info, ucx_settings
 from leaktrace.analysis.culprits import find_culprits
 from leaktrace.analysis.exits import process_exits
@@ -174,6 +175,13 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
     return "inconclusive", (f"only {span:.0f} s observed; a no-leak verdict needs ≥ {th['no_leak_span_s']:.0f} s")
 
 
+def _observed_s(procs: pd.DataFrame, leaking: set[int], span: float) -> float:
+    """Seconds the verdict's evidence covers: the longest observed of the processes called leaking, else the
+    hunt's span."""
+    mine = procs[procs["pid"].isin(leaking)] if leaking and not procs.empty else procs.iloc[0:0]
+    return float((mine["t_last"] - mine["t_first"]).max()) if not mine.empty else span
+
+
 def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
     meta = reader.meta
     warnings: list[str] = list(meta.get("warnings", []) or [])
@@ -260,6 +268,7 @@ def build_report(reader: TableSource, with_first_named: bool = True) -> Report:
         "schema": REPORT_SCHEMA,
         "verdict": verdict,
         "verdict_reason": why,
+        "confidence": leak_probability(verdict == "leak", _observed_s(procs, findings.leaking_pids, span)),
         "duration_s": round(float(meta.get("duration_s") or span), 3),
         "attach_s": meta.get("attach_s"),
         "stop_reason": meta.get("stop_reason", "unknown (session not finalized: the hunt was killed)"),

@@ -32,6 +32,9 @@ def _row(cells: Sequence[Any]) -> str:
 
 def render(report: Report) -> str:
     lines = [f"## leaktrace: **{report['verdict']}**", "", f"{report.get('verdict_reason', '')}", ""]
+    if report.get("confidence") is not None:
+        lines += [f"Probability that the judged growth is a leak: {report['confidence']:.2f} (the share of leaks "
+                  "among the labelled corpus's windows of this verdict and length: docs/verdicts.md).", ""]
     probes = ", ".join(report.get("probes") or []) or "?"
     lines.append(f"Duration {report['duration_s']:.1f} s, probes: {probes}"
                  + (f" (live after {report['attach_s']:.2f} s)" if report.get("attach_s") is not None else "")
