@@ -60,7 +60,7 @@ class Tracked:
     grew: bool = False  # judged growing at least once: an exit leaves an incident
     last_grew: float = 0.0  # when it was last judged growing
     growing_since: float | None = None  # the start of its current run of ticks judged growing
-    held: str | None = None  # leaking by RSS, but nothing it holds grows (watch/books.py): why, not confirmed
+    held: str | None = None  # why a leak by RSS is not confirmed (nothing it holds grows, or it stopped)
 
 
 class Watch:
@@ -227,9 +227,11 @@ class Watch:
                 return
         else:
             if not leaks_through(rows, tr.leaking_since, self.th):
-                self.log(f"pid {pid}: not confirmed: no leak over the {now - tr.leaking_since:.0f}s it was "
-                         "judged leaking (its growth stopped or slowed); confirming again")
-                tr.held, tr.leaking_since = None, now
+                why = (f"no leak over the {now - tr.leaking_since:.0f}s it was judged leaking (its growth stopped "
+                       "or slowed inside the judging window)")
+                if tr.held is None:
+                    self.log(f"pid {pid}: not confirmed: {why}")
+                tr.held, tr.leaking_since = why, now  # confirmation starts over, as below
                 return
             why = self._untouched(pid, tr, now)
             if why is not None:
