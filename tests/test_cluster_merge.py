@@ -117,6 +117,13 @@ def test_verdict_clean_failed_and_nodes_without_targets() -> None:
     assert "1 node(s) ok, 0 failed, 1 with nothing to hunt" in rep["stop_reason"]
     assert merge_reports({}, [(ok, clean), (nothing_there, None), (failed, None)])["verdict"] == "inconclusive"
     assert merge_reports({}, [(nothing_there, None)])["verdict"] == "inconclusive"
+    # the cluster's confidence: the most likely leak among the nodes of its verdict
+    leak = {**_node_report("leak", [], [_proc(2, "worker", 9.0)]), "confidence": 0.9}
+    sure = {**clean, "confidence": 0.22}
+    two = {"node_id": "d" * 56, "hostname": "n4", "status": "ok"}
+    assert merge_reports({}, [(ok, sure), (two, leak)])["confidence"] == 0.9
+    rep = merge_reports({}, [(ok, sure), (nothing_there, None)])
+    assert rep["confidence"] == 0.22 and rep["nodes"][1]["confidence"] is None
 
 
 def test_cluster_report_on_a_plain_directory_is_a_session_error(tmp_path: Path) -> None:

@@ -97,6 +97,7 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
                 "status": "ok" if ok or idle else "failed",
                 "reason": entry.get("reason") if not ok else None,
                 "verdict": rep.get("verdict") if ok else None,
+                "confidence": rep.get("confidence") if ok else None,
                 # a node running an older leaktrace wrote no python_stack: none known there
                 "culprits": [_with_contract_fields(_tag(c, entry)) for c in rep.get("culprits", [])] if ok else [],
                 "no_targets": idle, "notes": list(entry.get("notes") or []), "leaktrace": entry.get("leaktrace"),
@@ -136,10 +137,14 @@ def merge_reports(meta: dict[str, Any], node_reports: list[tuple[dict[str, Any],
     else:
         verdict = "inconclusive"
     failed = [n for n in nodes_out if n["status"] == "failed"]
+    # the most likely leak among the nodes whose verdict is the cluster's (a node's growth is a leak at least
+    # that often); none when no node's report carried one
+    sure = [float(n["confidence"]) for n in nodes_out if n["verdict"] == verdict and n.get("confidence") is not None]
     return {
         "schema": "leaktrace.report/1",
         "kind": "cluster",
         "verdict": verdict,
+        **({"confidence": max(sure)} if sure else {}),
         "duration_s": round(max(durations), 3) if durations else 0.0,
         "attach_s": round(max(attach), 3) if attach else None,
         "stop_reason": (f"{meta['stop_reason']}; " if meta.get("stop_reason", "completed") != "completed" else "")
