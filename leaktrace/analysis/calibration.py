@@ -15,6 +15,8 @@ import math
 from functools import cache
 from pathlib import Path
 
+import numpy as np
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -32,19 +34,11 @@ def _table(path: Path = CALIBRATION_FILE) -> dict[str, tuple[list[float], list[f
 
 
 def interpolate(spans: list[float], ps: list[float], span_s: float) -> float:
-    """The probability at ``span_s`` from fitted (span, probability) points, linear in log(span)."""
+    """The probability at ``span_s`` from fitted (span, probability) points, linear in log(span); the nearest
+    point's outside them."""
     if not spans:
         return 0.5
-    if span_s <= spans[0]:
-        return ps[0]
-    if span_s >= spans[-1]:
-        return ps[-1]
-    x = math.log(span_s)
-    for (s0, p0), (s1, p1) in zip(zip(spans, ps, strict=True), zip(spans[1:], ps[1:], strict=True), strict=False):
-        if s0 <= span_s <= s1:
-            w = (x - math.log(s0)) / (math.log(s1) - math.log(s0))
-            return p0 + w * (p1 - p0)
-    return ps[-1]
+    return float(np.interp(math.log(span_s), np.log(spans), ps))
 
 
 def leak_probability(called: bool, span_s: float) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -103,6 +104,7 @@ def _poisson_cdf(k: int, mean: float) -> float:
     return total
 
 
+@cache
 def poisson_bounds(k: int, p: float) -> tuple[float, float]:
     """The exact one-sided bounds of a Poisson mean from one count ``k``: the lower, a mean under which
     ``k`` or more would be seen with probability ``p``; the upper, one under which ``k`` or fewer would."""
