@@ -54,3 +54,28 @@ def test_every_flame_graph_source_runs(tmp_path):
     report["culprits"] = []
     stacks, source = collect_stacks(report, None)
     assert source == "watcher-classes" and any(f[-1] == "[anon]" for f, _ in stacks)
+
+
+@pytest.mark.parametrize("name", sessions())
+def test_verdict_reason_states_the_reports_own_figures(name, tmp_path):
+    """The reason names, in figures a person can check against the report, the process that leaks (its pid,
+    RSS at the first and last samples, slope) and its first culprit (library, kind, rate, outstanding MB); a
+    no-leak reason names the fastest-growing process the same way."""
+    import json
+
+    report = json.loads((render(name, tmp_path) / "report.json").read_text())
+    why = report["verdict_reason"]
+    procs = {p["pid"]: p for p in report["processes"]}
+    if report["verdict"] == "leak":
+        c = report["culprits"][0]
+        p = procs[c["pid"]]
+        assert why.startswith(f"{len({x['pid'] for x in report['culprits']})} process(es) leak: pid {c['pid']} "), why
+        facts = [f"RSS {p['rss_first_mb']:.1f} → {p['rss_last_mb']:.1f} MB", f"its slope {p['rss_mb_per_min']:.1f} MB/min",
+                 f"{c['library']}: {c['kind']} at {c['mb_per_min']:.1f} MB/min",
+                 f"{c['outstanding_bytes'] / 2**20:.1f} MB outstanding", "the rule: ≥ 1.0 MB/min"]
+    else:
+        p = max(report["processes"], key=lambda q: q["rss_mb_per_min"])
+        facts = [f"the fastest, pid {p['pid']} ", f"RSS {p['rss_first_mb']:.1f} → {p['rss_last_mb']:.1f} MB",
+                 f"its slope {p['rss_mb_per_min']:.1f} MB/min"]
+    missing = [f for f in facts if f not in why]
+    assert not missing, (missing, why)

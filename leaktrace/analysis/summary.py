@@ -21,6 +21,7 @@ from leaktrace.analysis.growth import MB
 from leaktrace.analysis.growth_tables import class_rate_table, class_rates, process_rates
 from leaktrace.analysis.host import add_host_culprit, host_block, host_memory
 from leaktrace.analysis.ledger import ledger_summary
+from leaktrace.analysis.reasons import fastest_line, leak_reason
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
 from leaktrace.analysis.report_types import Report
 from leaktrace.analysis.retention import allocator_of
@@ -146,10 +147,7 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
                        for c in kept)
     leaking = set(findings.leaking_pids) - {c["pid"] for c in kept}
     if leaks and (leaking or any(c["source"] != "watcher" for c in leaks)):
-        n = len({c["pid"] for c in leaks})
-        return "leak", (f"{n} process(es) grow ≥ {th['leak_mb_per_min']} MB/min steadily (confidence ≥ "
-                        f"{th['min_confidence']}, over ≥ {th['min_span_s']} s, not a step, not decelerating)"
-                        + _plateaus(procs, {c["pid"] for c in findings.culprits}) + retained + _unwritten(leaks))
+        return "leak", (leak_reason(procs, leaks, th) + _plateaus(procs, {c["pid"] for c in findings.culprits}) + retained + _unwritten(leaks))
     untouched = "".join(f"; pid {pid}: {line}" for pid, line in sorted((getattr(findings, "in_use_flat", {}) or {}).items()))
     retained += untouched
     if kept:
@@ -171,7 +169,7 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
                                 "hunt longer")
     if span >= th["no_leak_span_s"]:
         return "no-leak", (f"no process grows ≥ {th['leak_mb_per_min']} MB/min steadily over {span:.0f} s "
-                           "of observation" + plateaus + untouched)
+                           "of observation" + fastest_line(procs) + plateaus + untouched)
     return "inconclusive", (f"only {span:.0f} s observed; a no-leak verdict needs ≥ {th['no_leak_span_s']:.0f} s")
 
 
