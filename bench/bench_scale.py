@@ -20,11 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +52,12 @@ def spawn_workers(n: int, tensors_per_s: float) -> list[subprocess.Popen]:
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _rss(pid: int) -> int:
@@ -101,7 +110,9 @@ def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0
     through, the library its eBPF ledger named (so the RSS is that of a watch tracing a leak), and whether
     any other target was ever more than "ok" or "growing"."""
     args = [a for p in pids for a in ("--pid", str(p))]
-    w = subprocess.Popen([*LEAKTRACE, "watch", *args, "--duration", str(seconds), "--out", str(out)],
+    port = _free_port()  # its /metrics: the eBPF ledger's events and lost events (a ring too small loses them)
+    w = subprocess.Popen([*LEAKTRACE, "watch", *args, "--duration", str(seconds), "--out", str(out),
+                          "--prometheus-port", str(port)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=repo, env=_env(repo))
     time.sleep(settle_s)  # imports and the probe's compile: not the steady cost
 
@@ -129,16 +140,31 @@ def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0
             elif t["state"] in ("leaking", "confirmed"):
                 others.add(t["pid"])
 
+    counters: dict[str, float] = {}
+
+    def scrape() -> None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return
+        for name in ("leaktrace_ledger_events", "leaktrace_ledger_lost_events"):
+            m = re.search(rf"^{name}(?:_total)?(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+            if m:
+                counters[name] = float(m.group(1))
+
     c0, t0, rss = cpu(), time.monotonic(), []
     while w.poll() is None and time.monotonic() - t0 < seconds - settle_s - 2:
         time.sleep(5)
         rss.append(_rss(w.pid))
         look()
+        scrape()
     c1, t1 = cpu(), time.monotonic()
     w.wait()
     return {"core_share": round((c1 - c0) / (t1 - t0), 4), "rss_mb": round(float(np.median(rss[len(rss) // 2:])) / 2**20, 1)
             if rss else None, "ebpf": ebpf, "leaker_states": sorted(states), "leaker_libraries": sorted(libraries),
-            "others_leaking": len(others)}
+            "others_leaking": len(others), "ledger_events": counters.get("leaktrace_ledger_events"),
+            "lost_events": counters.get("leaktrace_ledger_lost_events")}
 
 
 def fit(ns: list[int], ys: list[float]) -> dict:
@@ -203,7 +229,7 @@ def _line(n: int, repo: Path, h: dict, w: dict | None) -> str:
     if w is not None:
         line += (f" | watch: {w['core_share']:.4f} core, RSS {w['rss_mb']} MB, eBPF {w['ebpf']}, leaker "
                  f"{'/'.join(w['leaker_states'])} named {w['leaker_libraries']}, {w['others_leaking']} other(s) "
-                 "leaking")
+                 f"leaking, eBPF events {w['ledger_events']} (lost {w['lost_events']})")
     return line
 
 

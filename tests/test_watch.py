@@ -113,6 +113,8 @@ def test_watch_end_to_end(tmp_path, spawn, target_bin):
         assert rss and set(rss[0].labels) == {"pid", "label", "role", "instance"}
         assert by[("leaktrace_incidents_total", ())] >= 2
         assert by[("leaktrace_watch_cpu_seconds_total", ())] > 0
+        # The eBPF ledger's own counters: the leaker's maps were handed over, none lost at this rate.
+        assert by[("leaktrace_ledger_events_total", ())] > 0 and by[("leaktrace_ledger_lost_events_total", ())] == 0
         growth = [s.value for s in samples if s.name == "leaktrace_process_growth_bytes_per_second"
                   and s.labels["pid"] == str(leaker.pid)]
         assert growth and abs(growth[0] - LEAK_KIB_S * 1024) < 0.3 * LEAK_KIB_S * 1024, growth

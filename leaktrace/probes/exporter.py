@@ -18,7 +18,7 @@ Metrics (all prefixed ``leaktrace_``):
 
 ``leaktrace watch`` serves its own set (WatchExporter, WATCH_METRICS below): per process (pid, label, role,
 instance) RSS, growth rate and leak state; outstanding bytes by (pid, library, kind), mapped and resident; incidents and the
-watch's own CPU seconds.
+watch's own CPU seconds; while its eBPF ledger is live, the events it was handed and those lost.
 """
 
 from __future__ import annotations
@@ -215,7 +215,8 @@ def serve(port: int, addr: str, registry: Any) -> tuple[Any, Any]:
 WATCH_METRICS = ("leaktrace_process_rss_bytes", "leaktrace_process_growth_bytes_per_second",
                  "leaktrace_process_leak_state", "leaktrace_outstanding_bytes",
                  "leaktrace_outstanding_resident_bytes", "leaktrace_incidents_total",
-                 "leaktrace_watch_cpu_seconds_total", "leaktrace_watch_targets")
+                 "leaktrace_watch_cpu_seconds_total", "leaktrace_watch_targets", "leaktrace_ledger_events_total",
+                 "leaktrace_ledger_lost_events_total")
 LEAK_STATES = {"ok": 0, "growing": 1, "leaking": 2, "confirmed": 3}
 
 
@@ -263,12 +264,19 @@ class _WatchCollector:
                                   value=float(snap["incidents_total"]))
         yield CounterMetricFamily("leaktrace_watch_cpu_seconds", "CPU time of the watch process itself.",
                                   value=float(snap["cpu_s"]))
+        ledger = snap.get("ledger")
+        if ledger:  # the eBPF ledger is live: what it was handed, and what the kernel could not hand over
+            yield CounterMetricFamily("leaktrace_ledger_events", "Traced memory syscalls of the processes the "
+                                      "watch's eBPF ledger follows.", value=float(ledger.get("events") or 0))
+            yield CounterMetricFamily("leaktrace_ledger_lost_events", "Events the kernel could not hand over (the "
+                                      "ledger is inexact by these).", value=float(ledger.get("lost_events") or 0))
 
 
 class WatchExporter:
     """The Prometheus endpoint of `leaktrace watch`: ``snapshot()`` returns {"procs": [{pid, label, role,
     instance, rss, rss_per_s, anon_per_s, state}], "outstanding": [(pid, library, kind, bytes)],
-    "outstanding_resident": [(pid, library, kind, bytes)], "incidents_total", "cpu_s"}."""
+    "outstanding_resident": [(pid, library, kind, bytes)], "incidents_total", "cpu_s", "ledger": the eBPF probe's
+    summary() or None}."""
 
     def __init__(self, port: int, addr: str | None, snapshot: Any) -> None:
         self.port = int(port)

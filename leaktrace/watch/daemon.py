@@ -358,7 +358,8 @@ class Watch:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         snap = {"procs": procs, "outstanding": [(*k, v) for k, v in outstanding.items()],
                 "outstanding_resident": [(*k, v) for k, v in resident.items()],
-                "incidents_total": self.incidents_total, "cpu_s": ru.ru_utime + ru.ru_stime}
+                "incidents_total": self.incidents_total, "cpu_s": ru.ru_utime + ru.ru_stime,
+                "ledger": self.bpf.summary() if self.bpf is not None else None}
         with self._snap_lock:
             self._snap = snap
 
