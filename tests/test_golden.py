@@ -4,6 +4,7 @@ and every reporter path runs on it (JSON, Markdown, HTML with its plots, the fol
 from __future__ import annotations
 
 import difflib
+import re
 
 import pytest
 from golden import COMPARED, GOLDEN, normalized, render, sessions
@@ -79,3 +80,23 @@ def test_verdict_reason_states_the_reports_own_figures(name, tmp_path):
                  f"its slope {p['rss_mb_per_min']:.1f} MB/min"]
     missing = [f for f in facts if f not in why]
     assert not missing, (missing, why)
+
+
+def test_inconclusive_reasons_name_the_doubtful_processes_figures():
+    """The figures behind an inconclusive verdict: each doubtful process's RSS, span and slope (the fastest
+    three), none of the others'."""
+    import pandas as pd
+
+    from leaktrace.analysis.reasons import MAX_PROCESSES_NAMED, facts_of
+
+    procs = pd.DataFrame([{"pid": 100 + i, "title": f"w{i}", "t_first": 0.0, "t_last": 30.0 + i,
+                           "rss_first_mb": 50.0 + i, "rss_last_mb": 60.0 + 2 * i, "rss_mb_per_min": 1.5 * i,
+                           "rss_lower_mb_per_min": 0.5 * i, "rss_confidence": 0.6} for i in range(6)])
+    doubtful = {101, 103, 104, 105}
+    why = facts_of(procs, doubtful)
+    named = [int(x) for x in re.findall(r"; pid (\d+) ", why)]
+    assert named == [105, 104, 103][:MAX_PROCESSES_NAMED], why
+    p = procs.set_index("pid").loc[105]
+    assert f"pid 105 (w5): RSS {p.rss_first_mb:.1f} → {p.rss_last_mb:.1f} MB over {p.t_last:.0f} s" in why, why
+    assert f"its slope {p.rss_mb_per_min:.1f} MB/min (≥ {p.rss_lower_mb_per_min:.1f} at 95%" in why, why
+    assert facts_of(procs, set()) == "" and facts_of(procs.iloc[0:0], doubtful) == ""

@@ -70,3 +70,12 @@ def fastest_line(procs: pd.DataFrame) -> str:
         return ""
     p = procs.loc[procs["rss_mb_per_min"].astype(float).idxmax()]
     return f"; the fastest, {process_fact(p)}"
+
+
+def facts_of(procs: pd.DataFrame, pids: set[int] | list[int]) -> str:
+    """'; pid P (title): RSS …' for each of ``pids`` (the first MAX_PROCESSES_NAMED, fastest first): the figures
+    behind an inconclusive verdict."""
+    if procs.empty or not pids:
+        return ""
+    mine = procs[procs["pid"].isin(list(pids))].sort_values("rss_mb_per_min", ascending=False)
+    return "".join(f"; {process_fact(p)}" for _, p in mine.head(MAX_PROCESSES_NAMED).iterrows())

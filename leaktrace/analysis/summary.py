@@ -21,7 +21,7 @@ from leaktrace.analysis.growth import MB
 from leaktrace.analysis.growth_tables import class_rate_table, class_rates, process_rates
 from leaktrace.analysis.host import add_host_culprit, host_block, host_memory
 from leaktrace.analysis.ledger import ledger_summary
-from leaktrace.analysis.reasons import fastest_line, leak_reason
+from leaktrace.analysis.reasons import facts_of, fastest_line, leak_reason
 from leaktrace.analysis.regions import region_chains, shm_segments, top_regions
 from leaktrace.analysis.report_types import Report
 from leaktrace.analysis.retention import allocator_of
@@ -158,15 +158,15 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
         return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grew ≥ {th['leak_mb_per_min']} MB/min but the "
                                 "growth stopped shortly before the end of the hunt: hunt longer to tell a plateau from "
                                 "a pause" + "".join(f"; pid {p}: {line}" for p, line in sorted(stopping.items()))
-                                + plateaus)
+                                + facts_of(procs, findings.doubtful_pids) + plateaus)
     if findings.doubtful_pids and plateaus:
         return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
                                 "but the growth is slowing down or stopped late in the hunt: hunt longer to tell a plateau from a leak"
-                                + plateaus)
+                                + facts_of(procs, findings.doubtful_pids) + plateaus)
     if findings.doubtful_pids:
         return "inconclusive", (f"pid(s) {sorted(findings.doubtful_pids)} grow ≥ {th['leak_mb_per_min']} MB/min "
                                 f"but with confidence below {th['min_confidence']} or over too short a span: "
-                                "hunt longer")
+                                "hunt longer" + facts_of(procs, findings.doubtful_pids))
     if span >= th["no_leak_span_s"]:
         return "no-leak", (f"no process grows ≥ {th['leak_mb_per_min']} MB/min steadily over {span:.0f} s "
                            "of observation" + fastest_line(procs) + plateaus + untouched)
