@@ -65,10 +65,11 @@ def leak_reason(procs: pd.DataFrame, leaks: list[dict[str, Any]], th: dict[str, 
 
 
 def fastest_line(procs: pd.DataFrame) -> str:
-    """'; the fastest: pid P (title): RSS …' — the process closest to a leak, for a reason that says none leaks."""
-    if procs.empty or "rss_mb_per_min" not in procs:
+    """'; the fastest, pid P (title): RSS …' — the process closest to a leak, for a reason that says none leaks."""
+    rates = procs["rss_mb_per_min"].astype(float).dropna() if "rss_mb_per_min" in procs else pd.Series(dtype=float)
+    if rates.empty:
         return ""
-    p = procs.loc[procs["rss_mb_per_min"].astype(float).idxmax()]
+    p = procs.loc[rates.idxmax()]
     return f"; the fastest, {process_fact(p)}"
 
 

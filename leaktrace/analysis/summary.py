@@ -147,7 +147,8 @@ def _verdict(procs: pd.DataFrame, findings: Any, span: float) -> tuple[str, str]
                        for c in kept)
     leaking = set(findings.leaking_pids) - {c["pid"] for c in kept}
     if leaks and (leaking or any(c["source"] != "watcher" for c in leaks)):
-        return "leak", (leak_reason(procs, leaks, th) + _plateaus(procs, {c["pid"] for c in findings.culprits}) + retained + _unwritten(leaks))
+        return "leak", (leak_reason(procs, leaks, th) + _plateaus(procs, {c["pid"] for c in findings.culprits})
+                        + retained + _unwritten(leaks))
     untouched = "".join(f"; pid {pid}: {line}" for pid, line in sorted((getattr(findings, "in_use_flat", {}) or {}).items()))
     retained += untouched
     if kept:
