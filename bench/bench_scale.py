@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import socket
 import subprocess
@@ -31,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "fixtures" / "torch_worker.py"
@@ -148,10 +148,9 @@ def run_watch(pids: list[int], seconds: float, out: Path, settle_s: float = 20.0
                 text = r.read().decode()
         except OSError:
             return
-        for name in ("leaktrace_ledger_events", "leaktrace_ledger_lost_events"):
-            m = re.search(rf"^{name}(?:_total)?(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-            if m:
-                counters[name] = float(m.group(1))
+        for fam in text_string_to_metric_families(text):
+            if fam.name in ("leaktrace_ledger_events", "leaktrace_ledger_lost_events") and fam.samples:
+                counters[fam.name] = float(fam.samples[0].value)
 
     c0, t0, rss = cpu(), time.monotonic(), []
     while w.poll() is None and time.monotonic() - t0 < seconds - settle_s - 2:

@@ -38,6 +38,17 @@ class PortUnavailable(UsageError):
     default_remedy = "choose another --prometheus-port (or stop what listens there)"
 
 
+def ledger_counters(bpf: dict[str, Any]) -> Any:
+    """The eBPF ledger's counters, from its probe's summary(): the hunt's and the watch's endpoints alike."""
+    from prometheus_client.core import CounterMetricFamily
+
+    yield CounterMetricFamily("leaktrace_ledger_events", "Traced memory syscalls of the target set.",
+                              value=float(bpf.get("events") or 0))
+    yield CounterMetricFamily("leaktrace_ledger_lost_events",
+                              "Events the kernel could not hand over (ledger inexact by these).",
+                              value=float(bpf.get("lost_events") or 0))
+
+
 class _SnapshotCollector:
     """Renders the exporter's latest snapshot (taken under a lock at each tick)."""
 
@@ -95,16 +106,7 @@ class _SnapshotCollector:
                     "Outstanding bytes in the eBPF ledger.",
                     value=float(bpf["outstanding_bytes"]),
                 )
-            yield CounterMetricFamily(
-                "leaktrace_ledger_events",
-                "Traced memory syscalls of the target set.",
-                value=float(bpf.get("events") or 0),
-            )
-            yield CounterMetricFamily(
-                "leaktrace_ledger_lost_events",
-                "Events the kernel could not hand over (ledger inexact by these).",
-                value=float(bpf.get("lost_events") or 0),
-            )
+            yield from ledger_counters(bpf)
         gdb = snap["gdb"]
         if gdb:
             yield CounterMetricFamily(
@@ -264,12 +266,8 @@ class _WatchCollector:
                                   value=float(snap["incidents_total"]))
         yield CounterMetricFamily("leaktrace_watch_cpu_seconds", "CPU time of the watch process itself.",
                                   value=float(snap["cpu_s"]))
-        ledger = snap.get("ledger")
-        if ledger:  # the eBPF ledger is live: what it was handed, and what the kernel could not hand over
-            yield CounterMetricFamily("leaktrace_ledger_events", "Traced memory syscalls of the processes the "
-                                      "watch's eBPF ledger follows.", value=float(ledger.get("events") or 0))
-            yield CounterMetricFamily("leaktrace_ledger_lost_events", "Events the kernel could not hand over (the "
-                                      "ledger is inexact by these).", value=float(ledger.get("lost_events") or 0))
+        if snap.get("ledger"):  # the eBPF ledger is live
+            yield from ledger_counters(snap["ledger"])
 
 
 class WatchExporter:
