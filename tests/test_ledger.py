@@ -409,3 +409,41 @@ def test_covering_most_is_the_one_interval_over_half_of_a_range() -> None:
             got = sp.covering_most(a, b)
             assert len(want) <= 1 and (None if got is None else (got.start, got.end)) == (want[0] if want else None)
             assert got is None or got.origin.site == got.start
+
+
+def _merge_maps_pairwise(kept: list[MapEntry], entries: list[MapEntry]) -> list[MapEntry]:
+    """merge_maps's meaning, written the slow way: each new entry (by start) drops whatever it overlaps."""
+    merged = {m.start: m for m in kept if m.path}
+    for m in sorted(entries, key=lambda m: m.start):
+        for s in [s for s, o in merged.items() if o.start < m.end and m.start < o.end]:
+            del merged[s]
+        merged[m.start] = m
+    return sorted(merged.values(), key=lambda m: m.start)
+
+
+def _snapshot(rng, n: int, disjoint: bool) -> list[MapEntry]:
+    out, at = [], 0x10000
+    for _ in range(n):
+        at += rng.randrange(0, 5) * 0x1000
+        size = rng.randrange(1, 6) * 0x1000
+        start = at if disjoint else rng.randrange(0x10000, 0x10000 + n * 0x6000, 0x1000)
+        path = rng.choice(["", "", "/usr/lib/libx.so", "/usr/lib/liby.so", "[heap]", "[stack]"])
+        out.append(MapEntry(start, start + size, 0, "r-xp", path))
+        at = start + size
+    rng.shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("disjoint", [True, False])
+def test_merge_maps_keeps_what_no_new_entry_overlaps(disjoint: bool) -> None:
+    """A new snapshot over a kept copy: every new entry and the kept file mappings no new entry overlaps — the
+    same list as the pairwise rule, on random snapshots (disjoint as /proc writes them, and overlapping)."""
+    import random
+
+    from leaktrace.probes.bpf.ledger import merge_maps
+
+    rng = random.Random(7)
+    for _ in range(300):
+        kept = _merge_maps_pairwise([], _snapshot(rng, rng.randrange(0, 40), True))
+        new = _snapshot(rng, rng.randrange(0, 40), disjoint)
+        assert merge_maps(kept, new) == _merge_maps_pairwise(kept, new)

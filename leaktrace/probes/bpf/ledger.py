@@ -14,6 +14,7 @@ tables of the mapped files (read with :mod:`leaktrace.elf`).
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -303,6 +304,32 @@ def _library_name(m: MapEntry) -> str:
     return os.path.basename(m.path.removesuffix(" (deleted)"))
 
 
+def merge_maps(kept: Iterable[MapEntry], entries: Iterable[MapEntry]) -> list[MapEntry]:
+    """A new maps snapshot over a kept copy, sorted by start: every new entry, and the kept file mappings that
+    no new entry overlaps. A worker's snapshot has thousands of entries, so the overlaps are found by bisecting
+    the new entries' starts, not by comparing every pair."""
+    new = sorted(entries, key=lambda m: m.start)
+    if any(a.end > b.start for a, b in itertools.pairwise(new)):
+        # Overlapping entries (never in one /proc snapshot): a later entry replaces the earlier ones it overlaps.
+        merged: dict[int, MapEntry] = {m.start: m for m in kept if m.path}
+        for m in new:
+            for s in [s for s, o in merged.items() if o.start < m.end and m.start < o.end]:
+                del merged[s]
+            merged[m.start] = m
+        return sorted(merged.values(), key=lambda m: m.start)
+    starts = [m.start for m in new]
+    out = {m.start: m for m in kept if m.path and not _overlaps_any(m, new, starts)}
+    out.update((m.start, m) for m in new)
+    return sorted(out.values(), key=lambda m: m.start)
+
+
+def _overlaps_any(m: MapEntry, new: list[MapEntry], starts: list[int]) -> bool:
+    """Whether ``m`` overlaps an entry of ``new`` (sorted, disjoint: the last one starting before ``m`` ends
+    reaches furthest)."""
+    i = bisect.bisect_left(starts, m.end) - 1
+    return i >= 0 and new[i].end > m.start
+
+
 class Symbolizer:
     """Addresses → frames, per process, from kept copies of /proc/PID/maps."""
 
@@ -314,13 +341,7 @@ class Symbolizer:
     def set_maps(self, pid: int, entries: Iterable[MapEntry]) -> None:
         """Record a maps snapshot. Earlier file mappings that the new snapshot no longer shows are kept
         (a library unloaded or a process gone must still resolve addresses recorded before)."""
-        new = sorted(entries, key=lambda m: m.start)
-        merged: dict[int, MapEntry] = {m.start: m for m in self._maps.get(pid, []) if m.path}
-        for m in new:
-            for s in [s for s, o in merged.items() if o.start < m.end and m.start < o.end]:
-                del merged[s]
-            merged[m.start] = m
-        ordered = sorted(merged.values(), key=lambda m: m.start)
+        ordered = merge_maps(self._maps.get(pid, []), entries)
         self._maps[pid] = ordered
         self._starts[pid] = [m.start for m in ordered]
 
