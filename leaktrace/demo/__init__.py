@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from leaktrace.cachedir import cache_root
 from leaktrace.errors import TargetError
 
 SOURCE = Path(__file__).with_name("xfer.c")
@@ -17,9 +18,7 @@ LIBRARY = "libxfer_demo.so"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("LEAKTRACE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "leaktrace")
-    return Path(base) / "demo"
+    return cache_root() / "demo"
 
 
 def build_library() -> Path:
