@@ -1,20 +1,31 @@
 """What a file's debug information says, asked of gdb (``gdb -batch`` over the file, never a process): the
 offsets of structure members, the sizes of types and the addresses of variables a layout needs, per file and
 version of the file. Debug information comes with the file (pyenv's interpreters) or from the distribution's
-debug packages that gdb finds by build id (Debian's libc6-dbg)."""
+debug packages that gdb finds by build id (Debian's libc6-dbg).
+
+Answers are kept on disk (``dwarf.json`` under leaktrace.cachedir), per file identity (device, inode, size,
+mtime) and expressions: gdb reading libpython's DWARF costs ~0.8 s of CPU, paid by every hunt of a Python
+process before its probes go live. Only answers with values are kept: a file without debug information is
+asked again, so a debug package installed later is found."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
+
+from leaktrace.atomic import atomic_write_text
+from leaktrace.cachedir import cache_root
 
 # Answers per file (device, inode), version (mtime) and expressions. A node's processes map the same libc and
 # interpreter, each seen through its own /proc/PID/root path: gdb reads a file's DWARF once for all of them
 # (~0.4 s each, before the eBPF probe goes live).
 _ANSWERS: dict[tuple[object, ...], dict[str, int] | None] = {}
 _MAX_ANSWERS = 64
+_MAX_KEPT = 256  # answers on disk; the oldest go first
 
 
 def dwarf_offsets(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) -> dict[str, int] | None:
@@ -28,8 +39,55 @@ def dwarf_offsets(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) 
     if key not in _ANSWERS:
         if len(_ANSWERS) >= _MAX_ANSWERS:
             _ANSWERS.clear()
-        _ANSWERS[key] = _ask_gdb(path, exprs)
+        disk_key = _disk_key(path, mtime_ns, exprs)
+        answer = _kept(disk_key)
+        if answer is None:
+            answer = _ask_gdb(path, exprs)
+            if answer is not None:
+                _keep(disk_key, answer)
+        _ANSWERS[key] = answer
     return _ANSWERS[key]
+
+
+def _disk_key(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    asked = hashlib.sha256(json.dumps(exprs).encode()).hexdigest()[:16]
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{mtime_ns}:{asked}"
+
+
+def _read_kept() -> dict[str, dict[str, int]]:
+    try:
+        kept = json.loads((cache_root() / "dwarf.json").read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, unreadable or torn by hand: asked again, written whole
+    return kept if isinstance(kept, dict) else {}
+
+
+def _kept(disk_key: str | None) -> dict[str, int] | None:
+    if disk_key is None:
+        return None
+    answer = _read_kept().get(disk_key)
+    if not isinstance(answer, dict) or not all(isinstance(v, int) for v in answer.values()):
+        return None
+    return answer
+
+
+def _keep(disk_key: str | None, answer: dict[str, int]) -> None:
+    if disk_key is None:
+        return
+    kept = _read_kept()
+    kept.pop(disk_key, None)
+    kept[disk_key] = answer
+    while len(kept) > _MAX_KEPT:
+        kept.pop(next(iter(kept)))
+    try:
+        cache_root().mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cache_root() / "dwarf.json", json.dumps(kept))
+    except OSError:
+        pass  # a read-only or full cache directory: the answer is still used, asked again next time
 
 
 def _ask_gdb(path: str, exprs: tuple[tuple[str, str], ...]) -> dict[str, int] | None:
