@@ -40,7 +40,7 @@ def dwarf_offsets(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) 
         if len(_ANSWERS) >= _MAX_ANSWERS:
             _ANSWERS.clear()
         disk_key = _disk_key(path, mtime_ns, exprs)
-        answer = _kept(disk_key)
+        answer = _kept(disk_key, exprs)
         if answer is None:
             answer = _ask_gdb(path, exprs)
             if answer is not None:
@@ -66,13 +66,13 @@ def _read_kept() -> dict[str, dict[str, int]]:
     return kept if isinstance(kept, dict) else {}
 
 
-def _kept(disk_key: str | None) -> dict[str, int] | None:
+def _kept(disk_key: str | None, exprs: tuple[tuple[str, str], ...]) -> dict[str, int] | None:
     if disk_key is None:
         return None
     answer = _read_kept().get(disk_key)
-    if not isinstance(answer, dict) or not all(isinstance(v, int) for v in answer.values()):
+    if not isinstance(answer, dict) or set(answer) != {name for name, _ in exprs}:
         return None
-    return answer
+    return answer if all(type(v) is int for v in answer.values()) else None
 
 
 def _keep(disk_key: str | None, answer: dict[str, int]) -> None:
