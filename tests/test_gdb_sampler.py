@@ -517,8 +517,8 @@ def test_a_site_breakpoint_left_by_a_killed_gdb_is_taken_out(spawn, gdb_target_b
     the target makes only at its start, main's pthread_create, so the target cannot meet the int3 first.)"""
     import threading
 
-    from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
     from leaktrace.probes.bpf.stackscan import StackScanner
+    from leaktrace.probes.bpf.symbolizer import MapEntry, Symbolizer
 
     target = spawn([gdb_target_bin, "--threads", "1", "--per-thread-per-s", "5", "--churn", "0"])
     sym = Symbolizer()

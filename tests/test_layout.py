@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "leaktrace"
 # Stages, lowest first; a module may import its own stage and those below.
 STAGES: list[tuple[str, ...]] = [
-    ("errors", "atomic", "slope", "resources", "redact", "memclass", "elf", "dwarf", "pyframes", "tracefs", "__init__"),
+    ("errors", "atomic", "cachedir", "slope", "resources", "redact", "memclass", "elf", "dwarf", "pyframes", "tracefs", "__init__"),
     ("procfs", "procmem", "outdir", "targetlock", "sched"),
     ("vllm", "session"),
     ("probes",),

@@ -6,7 +6,8 @@ import pytest
 
 from leaktrace.elf import read_elf_symbols
 from leaktrace.probes.bpf.addrspace import AddressSpace, Origin
-from leaktrace.probes.bpf.ledger import MapEntry, OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.ledger import OutstandingLedger, page_up
+from leaktrace.probes.bpf.symbolizer import MapEntry, Symbolizer
 
 P = 4096
 A = Origin("anon", t_born=1, site=0x1000)
@@ -440,7 +441,7 @@ def test_merge_maps_keeps_what_no_new_entry_overlaps(disjoint: bool) -> None:
     same list as the pairwise rule, on random snapshots (disjoint as /proc writes them, and overlapping)."""
     import random
 
-    from leaktrace.probes.bpf.ledger import merge_maps
+    from leaktrace.probes.bpf.symbolizer import merge_maps
 
     rng = random.Random(7)
     for _ in range(300):

@@ -10,8 +10,8 @@ import struct
 import pytest
 
 from leaktrace import procfs
-from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.probes.bpf.symbolizer import MapEntry, Symbolizer
 from leaktrace.probes.bpf.x86code import ends_with_call
 
 

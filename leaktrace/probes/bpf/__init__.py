@@ -7,7 +7,9 @@
 - :mod:`.layout` — the Python mirror of bpf/leaktrace.h (event types, counters, ctypes structs).
 - :mod:`.addrspace` — one process's address space: disjoint intervals and their interned origins.
 - :mod:`.ledger` — the user-space ledger (:class:`OutstandingLedger`: the syscalls applied to address
-  spaces) and the :class:`Symbolizer`.
+  spaces).
+- :mod:`.symbolizer` — addresses to ``library!symbol+off`` from kept copies of /proc/PID/maps
+  (:class:`Symbolizer`).
 - :mod:`.origins` — where a mapping comes from: an event's or a kernel region's own origin, and a heap
   growth's caller found in its stack window.
 - :mod:`.stackscan` — return addresses found in a window of raw user stack (no frame pointers needed).

@@ -38,8 +38,9 @@ from leaktrace.errors import AccessDenied, ProcessGone
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import FAULT_BUCKET_SHIFT, FAULT_STATS, FaultKey, WindowEvent
-from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.ledger import OutstandingLedger
 from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.probes.bpf.symbolizer import Symbolizer
 from leaktrace.procfs.parsers import parse_smaps_vmflags
 
 BUCKET = 1 << FAULT_BUCKET_SHIFT

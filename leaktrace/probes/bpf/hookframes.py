@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from leaktrace.elf import unwind_table
 from leaktrace.memclass import MEMORY_HOOK_LIBRARY
-from leaktrace.probes.bpf.ledger import MapEntry
+from leaktrace.probes.bpf.symbolizer import MapEntry
 
 _RSP = 7  # DWARF register number of %rsp on x86_64
 MAX_HOOK_FRAMES = 16  # frames walked inside the hook before giving up

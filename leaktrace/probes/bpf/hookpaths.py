@@ -10,8 +10,8 @@ import ctypes as ct
 from leaktrace.probes.bpf.hookframes import hook_code, walk_hook_frames
 from leaktrace.probes.bpf.kernel import KernelSide
 from leaktrace.probes.bpf.layout import Hook, HookKey, HookPath, WindowEvent
-from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.probes.bpf.symbolizer import MapEntry, Symbolizer
 
 # Windows of one process that could not be walked before its hook is left alone (hooked mmaps then keep the
 # hook's site, as without this): a build without unwind tables, or a path the walk does not understand.

@@ -53,7 +53,7 @@ from leaktrace.probes.bpf.layout import (
     Event,
     WindowEvent,
 )
-from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer, page_up
+from leaktrace.probes.bpf.ledger import OutstandingLedger, page_up
 from leaktrace.probes.bpf.missed import missed_at_attach
 from leaktrace.probes.bpf.origins import GrowthOrigins, mmap_kind, origin_of
 from leaktrace.probes.bpf.polllock import PollLock
@@ -61,6 +61,7 @@ from leaktrace.probes.bpf.procread import _is_process
 from leaktrace.probes.bpf.seeds import AddressSpaceSeeds
 from leaktrace.probes.bpf.snapshots import LibraryNames, SnapshotRows
 from leaktrace.probes.bpf.stackscan import StackScanner, libc_code_of
+from leaktrace.probes.bpf.symbolizer import Symbolizer
 from leaktrace.probes.bpf.sysvshm import ShmSizer
 
 # Events applied per drain: ~20 ms of Python work at bench_bpf's rates, the lock (and the tick) held briefly.

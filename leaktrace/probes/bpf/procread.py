@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from leaktrace import procfs
 from leaktrace.errors import AccessDenied, ProcessGone
-from leaktrace.probes.bpf.ledger import MapEntry
+from leaktrace.probes.bpf.symbolizer import MapEntry
 
 
 def _read_maps(pid: int) -> list[MapEntry] | None:

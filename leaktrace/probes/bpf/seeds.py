@@ -22,9 +22,10 @@ from leaktrace.probes.bpf.layout import (
     EV_SHMDT,
     Event,
 )
-from leaktrace.probes.bpf.ledger import SHARED_ANON, MapEntry, OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.ledger import SHARED_ANON, OutstandingLedger
 from leaktrace.probes.bpf.procread import _read_maps, _start_brk
 from leaktrace.probes.bpf.stackscan import allocator_code, libc_code
+from leaktrace.probes.bpf.symbolizer import MapEntry, Symbolizer
 
 # Events whose effect a maps read made after them already holds (see AddressSpaceSeeds.seed).
 # (An EXEC too: a child seeded at its FORK once it had exec'd holds the new image already.)

@@ -44,9 +44,10 @@ from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_id
 from leaktrace.probes.bpf.kernel import KernelRegions, KernelSide
 from leaktrace.probes.bpf.layout import EV_FORK, EVENT_NAMES, SITE_EVENTS, Event
-from leaktrace.probes.bpf.ledger import OutstandingLedger, Symbolizer
+from leaktrace.probes.bpf.ledger import OutstandingLedger
 from leaktrace.probes.bpf.resident import RegionResidency, resident_by_origin
 from leaktrace.probes.bpf.stackscan import StackScanner
+from leaktrace.probes.bpf.symbolizer import Symbolizer
 
 
 def _i64(x: int) -> int:

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from leaktrace.memclass import ALLOCATOR_LIBRARY, LIBC_LIBRARY, MEMORY_HOOK_LIBRARY
-from leaktrace.probes.bpf.ledger import MapEntry, Symbolizer
 from leaktrace.probes.bpf.procread import _read_maps
+from leaktrace.probes.bpf.symbolizer import MapEntry, Symbolizer
 from leaktrace.probes.bpf.x86code import (
     EPILOGUE_BYTES,
     LOOKBACK,
