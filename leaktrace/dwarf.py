@@ -32,14 +32,14 @@ def dwarf_offsets(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) 
     """{name: value} of each (name, C expression) as gdb evaluates it over ``path``'s DWARF; None when gdb
     is missing or any of them has no value (no debug info, a field this version does not have)."""
     try:
-        st = os.stat(path)
-        key: tuple[object, ...] = (st.st_dev, st.st_ino, mtime_ns, exprs)
+        st: os.stat_result | None = os.stat(path)
     except OSError:
-        key = (path, mtime_ns, exprs)
+        st = None
+    key: tuple[object, ...] = (st.st_dev, st.st_ino, mtime_ns, exprs) if st else (path, mtime_ns, exprs)
     if key not in _ANSWERS:
         if len(_ANSWERS) >= _MAX_ANSWERS:
             _ANSWERS.clear()
-        disk_key = _disk_key(path, mtime_ns, exprs)
+        disk_key = _disk_key(st, mtime_ns, exprs)
         answer = _kept(disk_key, exprs)
         if answer is None:
             answer = _ask_gdb(path, exprs)
@@ -49,10 +49,8 @@ def dwarf_offsets(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) 
     return _ANSWERS[key]
 
 
-def _disk_key(path: str, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) -> str | None:
-    try:
-        st = os.stat(path)
-    except OSError:
+def _disk_key(st: os.stat_result | None, mtime_ns: int, exprs: tuple[tuple[str, str], ...]) -> str | None:
+    if st is None:
         return None
     asked = hashlib.sha256(json.dumps(exprs).encode()).hexdigest()[:16]
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{mtime_ns}:{asked}"

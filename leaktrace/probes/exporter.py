@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from leaktrace.errors import UsageError
@@ -38,7 +39,7 @@ class PortUnavailable(UsageError):
     default_remedy = "choose another --prometheus-port (or stop what listens there)"
 
 
-def ledger_counters(bpf: dict[str, Any]) -> Any:
+def ledger_counters(bpf: dict[str, Any]) -> Iterator[Any]:
     """The eBPF ledger's counters, from its probe's summary(): the hunt's and the watch's endpoints alike."""
     from prometheus_client.core import CounterMetricFamily
 
