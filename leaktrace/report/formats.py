@@ -7,7 +7,7 @@ tools and the acceptance checks read), adds what a format brings with it (html: 
 outstanding.folded), and writes each chosen format with its reporter, in the registry's order.
 
 Each reporter is reached through a small function that imports its module when a document is written:
-parsing ``--format`` loads none of them (nor matplotlib, jinja2, pandas).
+parsing ``--format`` loads none of them (nor pygal, jinja2, pandas).
 """
 
 from __future__ import annotations

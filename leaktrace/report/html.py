@@ -1,14 +1,13 @@
 """report.html: one self-contained file (inline SVG plots, CSS and scripts; nothing from the network).
 
-Plots: RSS and anonymous memory over time per process, growth by memory class, top growing regions,
-an interactive flame graph of outstanding bytes by stack (leaktrace.report.flamegraph: per culprit and per
-process, searchable) with a static one under it for readers without scripts; culprit cards. Copes with any
-subset of tables.
+Plots (pygal, static SVG): RSS and anonymous memory over time per process, growth by memory class, top
+growing regions, an interactive flame graph of outstanding bytes by stack (leaktrace.report.flamegraph: per
+culprit and per process, searchable) with a static one under it for readers without scripts; culprit cards.
+Copes with any subset of tables.
 """
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import pandas as pd
@@ -26,92 +25,103 @@ MAX_POINTS_PER_LINE = 600
 MAX_LINES = 12
 
 
-def _svg(fig: Any) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG is inlined in HTML
+# matplotlib's tab10, the order lines take their colours in
+_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+            "#17becf", "#393b79", "#637939")
 
 
-def _plt() -> Any:
-    import matplotlib
+def _chart(kind: str, chart_id: str, **config: Any) -> Any:
+    """A pygal chart drawn as static SVG for inlining: no script from the network (pygal's tooltips load one by
+    default), no XML prolog, and a fixed id (pygal draws a random one), so one session renders one page."""
+    import pygal
+    from pygal.style import Style
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    style = Style(background="white", plot_background="white", font_family="sans-serif", label_font_size=11,
+                  major_label_font_size=11, legend_font_size=11, title_font_size=12, colors=_COLOURS,
+                  guide_stroke_color="#ddd", major_guide_stroke_color="#ccc", guide_stroke_dasharray="1,0",
+                  major_guide_stroke_dasharray="1,0", stroke_width="1.6", stroke_opacity="1", opacity=".85")
+    chart = getattr(pygal, kind)(js=[], disable_xml_declaration=True, explicit_size=True, style=style,
+                                 truncate_legend=-1, truncate_label=-1, show_x_guides=True, max_scale=8, **config)
+    chart.uuid = chart_id
+    return chart
 
-    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
-    return plt
+
+def _svg(chart: Any) -> str:
+    return chart.render(is_unicode=True)
+
+
+def _points(x: pd.Series, y: pd.Series) -> list[tuple[float, float]]:
+    return [(round(float(a), 2), round(float(b), 3)) for a, b in zip(x, y, strict=True)]
+
+
+def _attach_line(chart: Any, attach_s: float | None, lo: float, hi: float) -> None:
+    """The hunt's attach time as a dotted vertical line (its own series, last in the legend)."""
+    if attach_s:
+        chart.add("attached", [(attach_s, lo), (attach_s, hi)], stroke_style={"dasharray": "3, 4", "width": 1},
+                  show_dots=False)
 
 
 def memory_over_time_svg(rollup: pd.DataFrame, labels: dict[int, str], attach_s: float | None) -> str:
+    """Two panels, RSS then anonymous memory, of the largest and fastest growing processes."""
     if rollup.empty:
         return ""
-    plt = _plt()
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True)
     last = rollup.sort_values("t").groupby("pid")["rss"].last().sort_values(ascending=False)
     growth = rollup.groupby("pid")["rss"].agg(lambda s: s.iloc[-1] - s.iloc[0]).sort_values(ascending=False)
     pids = list(dict.fromkeys(list(growth.index[:MAX_LINES // 2]) + list(last.index)))[:MAX_LINES]
-    for pid, g in rollup[rollup["pid"].isin(pids)].groupby("pid"):
-        g = g.sort_values("t")
-        if len(g) > MAX_POINTS_PER_LINE:
-            g = g.iloc[:: len(g) // MAX_POINTS_PER_LINE + 1]
-        name = f"{labels.get(int(pid), '?')} ({pid})"
-        ax1.plot(g["t"], g["rss"] / MB, label=name, lw=1.3)
-        ax2.plot(g["t"], g["anon"] / MB, label=name, lw=1.3)
-    for ax, what in ((ax1, "RSS (MB)"), (ax2, "anonymous (MB)")):
-        ax.set_ylabel(what)
-        if attach_s:
-            ax.axvline(attach_s, color="#888", ls=":", lw=1)
-    ax2.set_xlabel("seconds since hunt start")
-    ax1.legend(loc="upper left", fontsize=8, ncol=2)
+    title = None
     if rollup["pid"].nunique() > len(pids):
-        ax1.set_title(f"{len(pids)} of {rollup['pid'].nunique()} processes (largest and fastest growing)",
-                      fontsize=9)
-    return _svg(fig)
+        title = f"{len(pids)} of {rollup['pid'].nunique()} processes (largest and fastest growing)"
+    panels = []
+    for col, what in (("rss", "RSS (MB)"), ("anon", "anonymous (MB)")):
+        chart = _chart("XY", f"memory-{col}", width=1000, height=300, show_dots=False, title=title if col == "rss" else None,
+                       y_title=what, x_title="seconds since hunt start", legend_at_bottom=True, legend_at_bottom_columns=3)
+        lo, hi = float("inf"), float("-inf")
+        for pid, g in rollup[rollup["pid"].isin(pids)].groupby("pid"):
+            g = g.sort_values("t")
+            if len(g) > MAX_POINTS_PER_LINE:
+                g = g.iloc[:: len(g) // MAX_POINTS_PER_LINE + 1]
+            y = g[col] / MB
+            lo, hi = min(lo, float(y.min())), max(hi, float(y.max()))
+            chart.add(f"{labels.get(int(pid), '?')} ({pid})", _points(g["t"], y))
+        _attach_line(chart, attach_s, lo, hi)
+        panels.append(_svg(chart))
+    return "\n".join(panels)
 
 
 def growth_by_class_svg(growth: dict[str, float]) -> str:
     items = [(k, v) for k, v in growth.items() if abs(v) >= 0.005]
     if not items:
         return ""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(items) + 1.0))
-    names = [k for k, _ in items][::-1]
-    vals = [v for _, v in items][::-1]
-    ax.barh(names, vals, color=["#d9534f" if v > 0 else "#5b9bd5" for v in vals])
-    ax.set_xlabel("MB/min (RSS, summed over processes)")
-    ax.axvline(0, color="#444", lw=0.8)
-    return _svg(fig)
+    chart = _chart("HorizontalBar", "classes", width=700, height=int(40 * len(items) + 110), show_legend=False,
+                   x_title="MB/min (RSS, summed over processes)")
+    items = items[::-1]  # pygal draws the first bar at the bottom: the first item goes on top
+    chart.x_labels = [k for k, _ in items]
+    chart.add("MB/min", [{"value": round(v, 3), "color": "#d9534f" if v > 0 else "#5b9bd5"} for _, v in items])
+    return _svg(chart)
 
 
 def regions_svg(regions: list[dict[str, Any]]) -> str:
     if not regions:
         return ""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(regions) + 1.0))
-    names = [f"{r['pid']} {r['start']} {r['path'][-28:]}" + (" ↻" if r["moves"] else "") for r in regions][::-1]
-    vals = [r["growth_mb"] for r in regions][::-1]
-    ax.barh(names, vals, color=["#e8743b" if r["moves"] else "#f2a541" for r in regions][::-1])
-    ax.set_xlabel("MB grown during the hunt (↻ = moved)")
-    return _svg(fig)
+    chart = _chart("HorizontalBar", "regions", width=800, height=int(35 * len(regions) + 110), show_legend=False,
+                   x_title="MB grown during the hunt (↻ = moved)")
+    regions = regions[::-1]  # the largest on top (see growth_by_class_svg)
+    chart.x_labels = [f"{r['pid']} {r['start']} {r['path'][-28:]}" + (" ↻" if r["moves"] else "") for r in regions]
+    chart.add("MB", [{"value": round(r["growth_mb"], 3), "color": "#e8743b" if r["moves"] else "#f2a541"}
+                     for r in regions])
+    return _svg(chart)
 
 
 def _ledger_over_time_svg(df: pd.DataFrame | None) -> str:
     if df is None or len(df) == 0 or not {"t", "bytes"} <= set(df.columns):
         return ""
     key = "library" if "library" in df.columns else None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(10, 3.2))
+    chart = _chart("XY", "ledger", width=1000, height=320, show_dots=False, y_title="outstanding (MB)",
+                   x_title="seconds since hunt start", legend_at_bottom=True, legend_at_bottom_columns=3)
     for name, g in (df.groupby(key) if key else [("all", df)]):
         g = g.sort_values("t")
-        ax.plot(g["t"], g["bytes"] / MB, label=str(name), lw=1.3)
-    ax.set_ylabel("outstanding (MB)")
-    ax.set_xlabel("seconds since hunt start")
-    ax.legend(loc="upper left", fontsize=8)
-    return _svg(fig)
+        chart.add(str(name), _points(g["t"], g["bytes"] / MB))
+    return _svg(chart)
 
 
 def render(report: Report, figures: Figures | None = None) -> str:
