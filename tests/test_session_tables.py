@@ -26,11 +26,12 @@ SAMPLE = {pa.int64(): -7, pa.uint64(): (1 << 63) + 5, pa.float64(): 1.5, pa.stri
 
 
 def _probe_tables() -> set[str]:
-    """Table names the probes append rows to: ``<session>.append("name", rows)`` (two arguments, a literal)."""
+    """Table names the probes append rows to: ``<session>.append("name", rows)`` or ``.append_columns("name",
+    columns)`` (two arguments, a literal)."""
     names = set()
     for path in (REPO / "leaktrace" / "probes").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append"
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "append_columns")
                     and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)
                     and isinstance(node.args[0].value, str)):
                 names.add(node.args[0].value)

@@ -180,6 +180,26 @@ def check_rows(name: str, rows: list[dict[str, Any]]) -> None:
                                "declare them in leaktrace/session/tables.py")
 
 
+def check_columns(name: str, columns: dict[str, Any]) -> None:
+    """Raise unless ``name`` is a declared table, every one of ``columns`` is its and all are of one length."""
+    table = TABLES.get(name)
+    if table is None:
+        raise TableSchemaError(f"rows given by column need a declared table, not {name}",
+                               "declare it in leaktrace/session/tables.py")
+    check_rows(name, [dict.fromkeys(columns)])
+    if len({len(v) for v in columns.values()}) > 1:
+        raise TableSchemaError(f"columns for table {name} differ in length", "give every column one value a row")
+
+
+def columns_to_arrow(name: str, columns: dict[str, Any]) -> pa.Table:
+    """Rows of a declared table given column by column (see :func:`check_columns`) as one part: a declared column
+    left out takes its default."""
+    table = TABLES[name]
+    n = len(next(iter(columns.values()), ()))
+    return pa.Table.from_pydict({c.name: columns[c.name] if c.name in columns else [c.default] * n
+                                 for c in table.columns}, schema=table.schema)
+
+
 def to_arrow(name: str, rows: list[dict[str, Any]]) -> pa.Table:
     """The rows as one part: every declared column (a key a row lacks is null, or the column's default),
     or, for a table not declared, every key of every row (pyarrow takes the columns from the first row

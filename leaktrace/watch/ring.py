@@ -9,6 +9,8 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 # Rows kept per process and table. rollup: one a tick (720 = 2 h at the default 10 s interval); the
 # full-smaps tables grow by a snapshot every smaps_every ticks.
 # The eBPF probe's: ledger_snapshots a row per (library, kind) a tick; ledger_regions and bpf_stacks come
@@ -56,6 +58,21 @@ class RingSession:
                     if key == "regions_first" and key in per:
                         continue
                     per[key] = batch
+
+    def append_columns(self, table: str, columns: dict[str, Any]) -> None:
+        """Rows given column by column: as :meth:`append` of them all, but only the rows each process keeps
+        (its last ones, up to the table's limit) are made into dicts: a busy process gives thousands a second."""
+        n = len(next(iter(columns.values()), ()))
+        if not n:
+            return
+        pids = np.asarray(columns["pid"]) if "pid" in columns else np.full(n, -1)
+        limit = self._limits.get(table, DEFAULT_LIMIT)
+        keep = np.sort(np.concatenate([np.flatnonzero(pids == p)[-limit:] for p in np.unique(pids)]))
+        if table == "regions":  # whole snapshots (see append)
+            keep = np.arange(n)
+        cols = {k: (v[keep] if isinstance(v, np.ndarray) else np.asarray(v, dtype=object)[keep]).tolist()
+                for k, v in columns.items()}
+        self.append(table, [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)])
 
     def flush(self) -> None:
         """Nothing to flush: rows live in memory."""

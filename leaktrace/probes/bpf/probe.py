@@ -290,7 +290,7 @@ class BpfProbe(ProbeBase):
         kmap = self.kernel.scan() if needs_kernel else {}
         self.shm_sizer.new_batch()
         taken: set[tuple[int, int]] = set()
-        rows = []
+        applied = []
         for e in batch:
             if e.type == EV_HOOKWIN:  # nothing to account: a window to learn a hook's frames from
                 self.hooks.learn(e)
@@ -299,11 +299,11 @@ class BpfProbe(ProbeBase):
                 self.faults.learn(e)
                 continue
             self._apply(e, kmap, taken)
-            rows.append(self.writer.event_row(e))
+            applied.append(e)
         self.seeds.refresh_due_maps()
         self._counters["shm_unsized"] = self.shm_sizer.unsized
-        if self.ctx is not None:
-            self.ctx.session.append("bpf_events", rows)
+        if self.ctx is not None and applied:
+            self.ctx.session.append_columns("bpf_events", self.writer.event_columns(applied))
         return len(batch) >= MAX_BATCH
 
     def _apply(self, e: Event, kmap: dict, taken: set) -> None:

@@ -39,6 +39,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from leaktrace import procfs
 from leaktrace.probes import HuntContext
 from leaktrace.probes.bpf.addrspace import Origin, sum_by_id
@@ -48,6 +50,9 @@ from leaktrace.probes.bpf.ledger import OutstandingLedger
 from leaktrace.probes.bpf.resident import RegionResidency, resident_by_origin
 from leaktrace.probes.bpf.stackscan import StackScanner
 from leaktrace.probes.bpf.symbolizer import Symbolizer
+
+_EVENT_DTYPE = np.dtype(Event)  # struct lt_event as numpy reads the ctypes layout
+_SITE_TYPES = np.array(sorted(SITE_EVENTS), dtype=np.uint32)
 
 
 def _i64(x: int) -> int:
@@ -113,13 +118,24 @@ class SnapshotRows:
     def _t(self, seq_ns: int) -> float:
         return seq_ns / 1e9 - self.ctx.session.meta["t0_monotonic"]
 
-    def event_row(self, e: Event) -> dict[str, Any]:
-        has_site = e.type in SITE_EVENTS
-        return {"t": self._t(e.seq), "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
-                "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr),
-                "new_len": _i64(e.new_len), "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd),
-                "site": _i64(e.site), "stack_key": f"{e.tgid}:{e.site:#x}" if has_site else "",
-                "result": e.result, "child": e.aux_pid if e.type == EV_FORK else 0}
+    def event_columns(self, events: list[Event]) -> dict[str, Any]:
+        """The ``bpf_events`` rows of ``events``, applied (a shmat's len is then its segment's), column by column:
+        a drained batch is thousands of events, and a dict per row cost as much as their accounting."""
+        # an event with a stack window (WindowEvent) is the event's record and the window after it
+        a = np.frombuffer(b"".join([bytes(e)[:_EVENT_DTYPE.itemsize] for e in events]), dtype=_EVENT_DTYPE)
+        types = a["type"]
+        names = {v: EVENT_NAMES.get(v, str(v)) for v in np.unique(types).tolist()}
+        keys = [""] * len(a)  # "PID:0xSITE" where the event has a call site
+        tgids, sites = a["tgid"].tolist(), a["site"].tolist()
+        for i in np.flatnonzero(np.isin(types, _SITE_TYPES)).tolist():
+            keys[i] = f"{tgids[i]}:{sites[i]:#x}"
+        # Parquet columns are int64: u64 words (a garbage return address, fd -1) go as their signed bits.
+        words = {f: a[f].astype(np.int64) for f in ("addr", "len", "new_addr", "new_len", "flags", "prot", "fd",
+                                                     "site")}
+        return {"t": a["seq"] / 1e9 - self.ctx.session.meta["t0_monotonic"], "type": [names[v] for v in types.tolist()],
+                "pid": a["tgid"].astype(np.int64), "tid": a["tid"].astype(np.int64), **words, "stack_key": keys,
+                "result": a["result"].astype(np.int64),
+                "child": np.where(types == EV_FORK, a["aux_pid"], 0).astype(np.int64)}
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, counters: dict[str, int], ring_pending: int, born_by: int | None = None) -> None:
