@@ -21,21 +21,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from leaktrace.probes.bpf.layout import EV_FORK, EV_MMAP, EV_MUNMAP, EVENT_NAMES, SITE_EVENTS, Event  # noqa: E402
-from leaktrace.probes.bpf.snapshots import SnapshotRows, _i64  # noqa: E402
+from event_rows import row_of  # noqa: E402
+
+from leaktrace.probes.bpf.layout import EV_MMAP, EV_MUNMAP, Event  # noqa: E402
+from leaktrace.probes.bpf.snapshots import SnapshotRows  # noqa: E402
 from leaktrace.session.tables import check_rows, columns_to_arrow, to_arrow  # noqa: E402
 
 T0 = 1000.0
-
-
-def _row(e: Event) -> dict:
-    return {"t": e.seq / 1e9 - T0, "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
-            "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr), "new_len": _i64(e.new_len),
-            "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd), "site": _i64(e.site),
-            "stack_key": f"{e.tgid}:{e.site:#x}" if e.type in SITE_EVENTS else "", "result": e.result,
-            "child": e.aux_pid if e.type == EV_FORK else 0}
 
 
 def _events(n: int) -> list[Event]:
@@ -51,7 +46,7 @@ def _events(n: int) -> list[Event]:
 
 
 def as_dicts(batch: list[Event]) -> object:
-    rows = [_row(e) for e in batch]
+    rows = [row_of(e, T0) for e in batch]
     check_rows("bpf_events", rows)
     return to_arrow("bpf_events", rows)
 

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+from event_rows import row_of
 
-from leaktrace.probes.bpf.layout import EV_FORK, EVENT_NAMES, SITE_EVENTS, Event, WindowEvent
-from leaktrace.probes.bpf.snapshots import SnapshotRows, _i64
+from leaktrace.probes.bpf.layout import EVENT_NAMES, Event, WindowEvent
+from leaktrace.probes.bpf.snapshots import SnapshotRows
 from leaktrace.session import SessionReader, SessionWriter
 from leaktrace.session.tables import TableSchemaError, to_arrow
 from leaktrace.watch.ring import RingSession
@@ -21,12 +22,7 @@ T0 = 12345.678
 
 
 def _row_of(e: Event) -> dict:
-    """The row of one event, field by field as the table documents it (leaktrace/probes/bpf/snapshots.py)."""
-    return {"t": e.seq / 1e9 - T0, "type": EVENT_NAMES.get(e.type, str(e.type)), "pid": e.tgid, "tid": e.tid,
-            "addr": _i64(e.addr), "len": _i64(e.len), "new_addr": _i64(e.new_addr), "new_len": _i64(e.new_len),
-            "flags": _i64(e.flags), "prot": _i64(e.prot), "fd": _i64(e.fd), "site": _i64(e.site),
-            "stack_key": f"{e.tgid}:{e.site:#x}" if e.type in SITE_EVENTS else "", "result": e.result,
-            "child": e.aux_pid if e.type == EV_FORK else 0}
+    return row_of(e, T0)
 
 
 def _events(rng: random.Random, n: int) -> list[Event]:

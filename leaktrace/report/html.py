@@ -71,18 +71,21 @@ def memory_over_time_svg(rollup: pd.DataFrame, labels: dict[int, str], attach_s:
     title = None
     if rollup["pid"].nunique() > len(pids):
         title = f"{len(pids)} of {rollup['pid'].nunique()} processes (largest and fastest growing)"
+    lines = []  # (legend, the process's samples in time order, thinned), drawn in both panels
+    for pid, g in rollup[rollup["pid"].isin(pids)].groupby("pid"):
+        g = g.sort_values("t")
+        if len(g) > MAX_POINTS_PER_LINE:
+            g = g.iloc[:: len(g) // MAX_POINTS_PER_LINE + 1]
+        lines.append((f"{labels.get(int(pid), '?')} ({pid})", g))
     panels = []
     for col, what in (("rss", "RSS (MB)"), ("anon", "anonymous (MB)")):
         chart = _chart("XY", f"memory-{col}", width=1000, height=300, show_dots=False, title=title if col == "rss" else None,
                        y_title=what, x_title="seconds since hunt start", legend_at_bottom=True, legend_at_bottom_columns=3)
         lo, hi = float("inf"), float("-inf")
-        for pid, g in rollup[rollup["pid"].isin(pids)].groupby("pid"):
-            g = g.sort_values("t")
-            if len(g) > MAX_POINTS_PER_LINE:
-                g = g.iloc[:: len(g) // MAX_POINTS_PER_LINE + 1]
+        for name, g in lines:
             y = g[col] / MB
             lo, hi = min(lo, float(y.min())), max(hi, float(y.max()))
-            chart.add(f"{labels.get(int(pid), '?')} ({pid})", _points(g["t"], y))
+            chart.add(name, _points(g["t"], y))
         _attach_line(chart, attach_s, lo, hi)
         panels.append(_svg(chart))
     return "\n".join(panels)

@@ -65,11 +65,12 @@ class RingSession:
         n = len(next(iter(columns.values()), ()))
         if not n:
             return
-        pids = np.asarray(columns["pid"]) if "pid" in columns else np.full(n, -1)
-        limit = self._limits.get(table, DEFAULT_LIMIT)
-        keep = np.sort(np.concatenate([np.flatnonzero(pids == p)[-limit:] for p in np.unique(pids)]))
         if table == "regions":  # whole snapshots (see append)
             keep = np.arange(n)
+        else:
+            pids = np.asarray(columns["pid"]) if "pid" in columns else np.full(n, -1)
+            limit = self._limits.get(table, DEFAULT_LIMIT)
+            keep = np.sort(np.concatenate([np.flatnonzero(pids == p)[-limit:] for p in np.unique(pids)]))
         cols = {k: (v[keep] if isinstance(v, np.ndarray) else np.asarray(v, dtype=object)[keep]).tolist()
                 for k, v in columns.items()}
         self.append(table, [dict(zip(cols, vals, strict=True)) for vals in zip(*cols.values(), strict=True)])
